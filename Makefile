@@ -1,0 +1,36 @@
+# Everything a fresh machine needs: `make demo` and `make test`.
+PYTHON ?= python3.11
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+# The CPU torch wheel lives on local disk on this kind of machine; elsewhere pip uses the index.
+FIND_LINKS := $(if $(wildcard /opt/wheels),--find-links /opt/wheels,)
+
+.PHONY: demo test test-unit test-integration system-deps bench clean
+
+$(STAMP): pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip==25.3
+	$(PY) -m pip install -q $(FIND_LINKS) -e ".[test]"
+	touch $(STAMP)
+
+system-deps:
+	bash scripts/system-deps.sh
+
+demo: $(STAMP)
+	$(VENV)/bin/temper demo
+
+test: $(STAMP) system-deps
+	$(PY) -m pytest -q tests
+
+test-unit: $(STAMP)
+	$(PY) -m pytest -q tests/unit
+
+test-integration: $(STAMP) system-deps
+	$(PY) -m pytest -q tests/integration
+
+bench: $(STAMP)
+	$(PY) benchmarks/contracts.py
+
+clean:
+	rm -rf .temper

@@ -1,0 +1,98 @@
+"""Family-specific rules. Each maps a row to True (ok) or False (violation).
+
+GX checks columns, not Python semantics, so each rule computes a boolean column
+``__rule__<rule>__<column>`` that the compiled suite then expects to be all True:
+the check itself still runs, and is reported, through GX.
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+from collections.abc import Callable
+from fractions import Fraction
+from typing import Any
+
+RowRule = Callable[[Any, Any], bool]
+RULES: dict[str, RowRule] = {}
+
+
+def rule(name: str):
+    def wrap(fn: RowRule) -> RowRule:
+        RULES[name] = fn
+        return fn
+
+    return wrap
+
+
+def derived_column(rule_name: str, column: str) -> str:
+    return f"__rule__{rule_name}__{column}"
+
+
+@rule("parses_as_number")
+def parses_as_number(value: Any, _other: Any = None) -> bool:
+    """Numeric answers: int, decimal or a fraction like 3/4."""
+    try:
+        Fraction(str(value).strip())
+        return True
+    except (ValueError, ZeroDivisionError):
+        return False
+
+
+@rule("parses_as_python")
+def parses_as_python(value: Any, _other: Any = None) -> bool:
+    if not isinstance(value, str) or not value.strip():
+        return False
+    try:
+        ast.parse(value)
+        return True
+    except SyntaxError:
+        return False
+
+
+@rule("defines_check")
+def defines_check(value: Any, _other: Any = None) -> bool:
+    """HumanEval tests: a non-empty `def check(candidate)` with at least one assert."""
+    if not parses_as_python(value):
+        return False
+    tree = ast.parse(value)
+    for node in tree.body:
+        if isinstance(node, ast.FunctionDef) and node.name == "check":
+            return any(isinstance(n, ast.Assert) for n in ast.walk(node))
+    return False
+
+
+@rule("valid_json")
+def valid_json(value: Any, _other: Any = None) -> bool:
+    try:
+        json.loads(value)
+        return True
+    except (TypeError, ValueError):
+        return False
+
+
+@rule("calls_offered_functions")
+def calls_offered_functions(ground_truth: Any, functions: Any) -> bool:
+    """BFCL ground truth names only functions that the record offers."""
+    try:
+        calls = json.loads(ground_truth)
+        offered = {f["name"] for f in json.loads(functions)}
+    except (TypeError, ValueError, KeyError):
+        return False
+    if not isinstance(calls, list) or not calls:
+        return False
+    return all(isinstance(c, dict) and len(c) == 1 and next(iter(c)) in offered for c in calls)
+
+
+@rule("valid_bash")
+def valid_bash(value: Any, _other: Any = None) -> bool:
+    """Shell scripts: balanced quotes and no NUL bytes (a full parse needs bash; the sandbox has it)."""
+    if not isinstance(value, str) or "\x00" in value:
+        return False
+    import shlex
+
+    try:
+        shlex.split(value, comments=True)
+        return True
+    except ValueError:
+        return False

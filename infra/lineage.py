@@ -1,0 +1,218 @@
+"""MLflow lineage: which data, code, config and parent runs produced each run and model version.
+
+Layout in MLflow: one experiment per flow; a *lifecycle* parent run per flow run; one
+child run per stage (validate, sft, grpo, eval, ...). Every dataset a stage consumes is
+logged with ``mlflow.log_input`` (name = domain, digest, source URI), so the registered
+version -> run -> parent -> datasets chain can be walked back (``lineage_tree``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import subprocess
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from temper.errors import TrackingError
+from temper.settings import Settings, get_settings
+
+# Tag keys, in one place.
+TAG_KIND = "temper.kind"  # lifecycle | stage
+TAG_STAGE = "temper.stage"
+TAG_GIT = "temper.git_commit"
+TAG_CONFIG_HASH = "temper.config_hash"
+TAG_BASE_MODEL = "temper.base_model"
+TAG_SHA256 = "temper.sha256"
+PARENT_TAG = "mlflow.parentRunId"
+MLFLOW_DIGEST_LEN = 32  # MLflow's dataset digest column is VARCHAR(36)
+
+
+def configure(settings: Settings | None = None) -> str:
+    """Point MLflow at the configured tracking URI; fail fast if a server is unreachable."""
+    import mlflow
+
+    settings = settings or get_settings()
+    uri = settings.resolved_tracking_uri
+    if uri.startswith("sqlite:///"):
+        Path(uri.removeprefix("sqlite:///")).parent.mkdir(parents=True, exist_ok=True)
+    mlflow.set_tracking_uri(uri)
+    if uri.startswith(("http://", "https://")):
+        import requests
+
+        try:
+            requests.get(uri.rstrip("/") + "/health", timeout=5).raise_for_status()
+        except requests.RequestException as e:
+            raise TrackingError(f"MLflow tracking server {uri} is unreachable: {type(e).__name__}") from None
+    return uri
+
+
+def code_version(repo_dir: Path | None = None) -> str:
+    """Git commit of the code that runs, with '-dirty' when the tree has local changes."""
+    repo_dir = repo_dir or Path(__file__).resolve().parent.parent
+    try:
+        sha = subprocess.run(["git", "rev-parse", "HEAD"], cwd=repo_dir, capture_output=True, text=True,
+                             check=True, timeout=10).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=repo_dir,
+                               capture_output=True, text=True, timeout=10).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+    return sha + ("-dirty" if dirty else "")
+
+
+def config_hash(config: Any) -> str:
+    """Stable short hash of a config (pydantic model or JSON-able object)."""
+    if hasattr(config, "model_dump"):
+        config = config.model_dump(mode="json")
+    blob = json.dumps(config, sort_keys=True, default=str).encode()
+    return hashlib.sha256(blob).hexdigest()[:16]
+
+
+@contextlib.contextmanager
+def lifecycle_run(experiment: str, run_name: str, *, config: Any = None, base_model: str | None = None,
+                  tags: dict[str, str] | None = None) -> Iterator[Any]:
+    """The parent run of one lifecycle (flow) run. Ends FAILED if the body raises."""
+    import mlflow
+
+    try:
+        mlflow.set_experiment(experiment)
+    except Exception as e:
+        raise TrackingError(f"cannot open MLflow experiment {experiment!r} at {mlflow.get_tracking_uri()}: {e}") from None
+    all_tags = {TAG_KIND: "lifecycle", TAG_GIT: code_version(), **(tags or {})}
+    if config is not None:
+        all_tags[TAG_CONFIG_HASH] = config_hash(config)
+    if base_model:
+        all_tags[TAG_BASE_MODEL] = base_model
+    with mlflow.start_run(run_name=run_name, tags=all_tags) as run:
+        if config is not None:
+            mlflow.log_dict(config.model_dump(mode="json") if hasattr(config, "model_dump") else config,
+                            "config.json")
+        yield run
+
+
+@contextlib.contextmanager
+def stage_run(stage: str, *, parent_run_id: str | None = None, tags: dict[str, str] | None = None) -> Iterator[Any]:
+    """A child run for one stage, nested under the active (or given) lifecycle run."""
+    import mlflow
+
+    active = mlflow.active_run()
+    parent = parent_run_id or (active.info.run_id if active else None)
+    all_tags = {TAG_KIND: "stage", TAG_STAGE: stage, TAG_GIT: code_version(), **(tags or {})}
+    if parent:
+        all_tags[PARENT_TAG] = parent
+    with mlflow.start_run(run_name=stage, nested=active is not None, tags=all_tags) as run:
+        yield run
+
+
+def log_dataset(name: str, frame: Any, source_uri: str, sha256: str, context: str = "training") -> None:
+    """Record a consumed dataset on the active run: name, digest, source."""
+    import mlflow
+
+    ds = mlflow.data.from_pandas(frame, source=source_uri, name=name, digest=sha256[:MLFLOW_DIGEST_LEN])
+    mlflow.log_input(ds, context=context, tags={TAG_SHA256: sha256})
+
+
+# ---- reading lineage back -------------------------------------------------------------------
+
+@dataclass
+class DatasetRef:
+    name: str
+    digest: str
+    source: str
+    context: str | None
+
+
+@dataclass
+class RunNode:
+    run_id: str
+    name: str
+    experiment_id: str
+    tags: dict[str, str]
+    datasets: list[DatasetRef] = field(default_factory=list)
+    parent: "RunNode | None" = None
+
+
+@dataclass
+class LineageTree:
+    ref: str
+    model_version: dict[str, Any] | None
+    run: RunNode
+
+    def to_dict(self) -> dict[str, Any]:
+        def node(n: RunNode | None) -> dict[str, Any] | None:
+            if n is None:
+                return None
+            return {"run_id": n.run_id, "name": n.name, "tags": n.tags,
+                    "datasets": [d.__dict__ for d in n.datasets], "parent": node(n.parent)}
+
+        return {"ref": self.ref, "model_version": self.model_version, "run": node(self.run)}
+
+
+def _run_node(client: Any, run_id: str, depth: int = 0) -> RunNode:
+    run = client.get_run(run_id)
+    datasets = []
+    for di in run.inputs.dataset_inputs if run.inputs else []:
+        ctx = next((t.value for t in di.tags if t.key == "mlflow.data.context"), None)
+        source = di.dataset.source
+        try:
+            source = json.loads(source).get("uri", source)
+        except (TypeError, ValueError, AttributeError):
+            pass
+        datasets.append(DatasetRef(name=di.dataset.name, digest=di.dataset.digest, source=source, context=ctx))
+    tags = {k: v for k, v in run.data.tags.items() if k.startswith("temper.")}
+    node = RunNode(run_id=run_id, name=run.info.run_name, experiment_id=run.info.experiment_id, tags=tags,
+                   datasets=datasets)
+    parent_id = run.data.tags.get(PARENT_TAG)
+    if parent_id and depth < 10:
+        node.parent = _run_node(client, parent_id, depth + 1)
+    return node
+
+
+def lineage_tree(ref: str) -> LineageTree:
+    """Resolve ``MODEL@ALIAS``, ``MODEL/VERSION`` or a run id to its lineage tree."""
+    from mlflow.exceptions import MlflowException
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient()
+    mv = None
+    try:
+        if "@" in ref:
+            name, alias = ref.split("@", 1)
+            mv = client.get_model_version_by_alias(name, alias)
+        elif "/" in ref:
+            name, version = ref.rsplit("/", 1)
+            mv = client.get_model_version(name, version)
+        run_id = mv.run_id if mv else ref
+        if not run_id:
+            raise TrackingError(f"{ref}: model version has no producing run")
+        run = _run_node(client, run_id)
+    except MlflowException as e:
+        raise TrackingError(f"{ref}: not found in {client.tracking_uri}: {e.message.splitlines()[0]}") from None
+    version = None
+    if mv:
+        version = {"name": mv.name, "version": mv.version, "aliases": list(mv.aliases or []), "source": mv.source,
+                   "run_id": mv.run_id}
+    return LineageTree(ref=ref, model_version=version, run=run)
+
+
+def format_tree(tree: LineageTree) -> str:
+    lines: list[str] = []
+    indent = ""
+    if tree.model_version:
+        mv = tree.model_version
+        aliases = f" aliases={','.join(mv['aliases'])}" if mv["aliases"] else ""
+        lines.append(f"model {mv['name']} v{mv['version']}{aliases}")
+        indent = "  "
+    node: RunNode | None = tree.run
+    label = "produced by run"
+    while node is not None:
+        t = node.tags
+        extra = " ".join(f"{k.removeprefix('temper.')}={t[k]}" for k in (TAG_STAGE, TAG_GIT, TAG_CONFIG_HASH, TAG_BASE_MODEL) if k in t)
+        lines.append(f"{indent}{label} {node.name} ({node.run_id}) {extra}".rstrip())
+        for d in node.datasets:
+            lines.append(f"{indent}  dataset {d.name} digest={d.digest} source={d.source} context={d.context}")
+        node, label, indent = node.parent, "parent run", indent + "  "
+    return "\n".join(lines)

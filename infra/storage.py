@@ -1,0 +1,85 @@
+"""Every read and write of data goes through fsspec: local paths by default, s3:// via s3fs.
+
+The S3 endpoint and credential source come from settings, so the same code talks to AWS,
+MinIO or a moto server on loopback.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import fsspec
+
+from temper.errors import StorageError
+from temper.settings import Settings, get_settings
+
+
+def storage_options(uri: str, settings: Settings | None = None) -> dict[str, Any]:
+    """fsspec options for ``uri``; empty for local paths."""
+    settings = settings or get_settings()
+    if not uri.startswith("s3://"):
+        return {}
+    opts: dict[str, Any] = {}
+    if settings.s3_endpoint_url:
+        opts["client_kwargs"] = {"endpoint_url": settings.s3_endpoint_url}
+    if settings.s3_credentials == "anonymous":
+        opts["anon"] = True
+    elif settings.s3_credentials == "profile":
+        opts["profile"] = settings.s3_profile
+    # Fail fast on an unreachable endpoint instead of botocore's minutes of retries.
+    opts["config_kwargs"] = {"connect_timeout": 5, "read_timeout": 30, "retries": {"max_attempts": 2}}
+    return opts
+
+
+def get_fs(uri: str, settings: Settings | None = None) -> tuple[fsspec.AbstractFileSystem, str]:
+    """The filesystem for ``uri`` and the path inside it."""
+    fs, path = fsspec.core.url_to_fs(uri, **storage_options(uri, settings))
+    return fs, path
+
+
+def open_uri(uri: str, mode: str = "rb", settings: Settings | None = None):
+    fs, path = get_fs(uri, settings)
+    if "w" in mode and not uri.startswith("s3://"):
+        fs.makedirs(fs._parent(path), exist_ok=True)
+    return fs.open(path, mode)
+
+
+def join(root: str, *parts: str) -> str:
+    return "/".join([root.rstrip("/"), *(p.strip("/") for p in parts)])
+
+
+def exists(uri: str, settings: Settings | None = None) -> bool:
+    fs, path = get_fs(uri, settings)
+    try:
+        return fs.exists(path)
+    except Exception as e:  # botocore/aiohttp raise many types for one cause: endpoint down
+        raise StorageError(f"cannot reach store for {uri}: {type(e).__name__}: {e}") from None
+
+
+def write_bytes_atomic(uri: str, data: bytes, settings: Settings | None = None) -> None:
+    """Write via a temporary name and rename, so readers never see half a file.
+
+    S3 uploads are already all-or-nothing, so they are written directly.
+    """
+    fs, path = get_fs(uri, settings)
+    try:
+        if uri.startswith("s3://"):
+            fs.pipe_file(path, data)
+            return
+        fs.makedirs(fs._parent(path), exist_ok=True)
+        tmp = f"{path}.tmp"
+        fs.pipe_file(tmp, data)
+        fs.mv(tmp, path)
+    except StorageError:
+        raise
+    except Exception as e:
+        raise StorageError(f"cannot write {uri}: {type(e).__name__}: {e}") from None
+
+
+def put_dir(local_dir: str, uri: str, settings: Settings | None = None) -> None:
+    """Upload (or copy) a local directory tree to ``uri``."""
+    fs, path = get_fs(uri, settings)
+    try:
+        fs.put(local_dir.rstrip("/") + "/", path.rstrip("/") + "/", recursive=True)
+    except Exception as e:
+        raise StorageError(f"cannot copy {local_dir} to {uri}: {type(e).__name__}: {e}") from None

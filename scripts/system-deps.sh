@@ -1,0 +1,12 @@
+#!/usr/bin/env bash
+# Debian packages the test suite needs: bubblewrap (sandbox isolation).
+# Idempotent; needs root (as on CI and the dev machines) or sudo.
+set -euo pipefail
+need=()
+command -v bwrap >/dev/null || need+=(bubblewrap)
+command -v prlimit >/dev/null || need+=(util-linux)
+if [ ${#need[@]} -gt 0 ]; then
+  SUDO=""; [ "$(id -u)" = 0 ] || SUDO=sudo
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${need[@]}"
+fi

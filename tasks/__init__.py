@@ -1,0 +1,1 @@
+"""Thin Prefect tasks over the plain functions in temper/ and infra/."""

@@ -1,0 +1,1 @@
+"""One module per `temper` command group; see temper/cli.py."""

@@ -1,0 +1,66 @@
+"""`temper data generate|validate`: starter datasets and the contract gate."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+
+def _catalog_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--catalog", type=Path, default=None, help="domain catalog directory (default: settings)")
+    p.add_argument("--domain", action="append", default=None, metavar="NAME_OR_GLOB",
+                   help="only these domains (repeatable, globs allowed)")
+
+
+def _domains(args):
+    from temper.catalog import load_catalog, select_domains
+    from temper.settings import get_settings
+
+    catalog = load_catalog(args.catalog or get_settings().catalog_dir)
+    return select_domains(catalog, args.domain)
+
+
+def generate(args) -> int:
+    from temper.datasets import generate_domain_dataset
+
+    for d in _domains(args):
+        if not d.dataset.generator:
+            print(f"skip {d.name}: no generator (brought dataset)")
+            continue
+        uri, digest, written = generate_domain_dataset(d, overwrite=args.overwrite)
+        print(f"{'wrote' if written else 'kept '} {d.name}: {uri} sha256={digest[:12]}")
+    return 0
+
+
+def validate(args) -> int:
+    from temper.validation import format_report, track_validation, validate_domains
+
+    domains = _domains(args)
+    if args.track:
+        from infra import lineage
+
+        lineage.configure()
+    summary = validate_domains(domains, build_docs=not args.no_docs)
+    if args.track:
+        with lineage.lifecycle_run("validate_data", "validate_data", config={"domains": [d.name for d in domains]}):
+            track_validation(summary, domains)
+    print(json.dumps(summary.to_dict(), indent=2, default=str) if args.json else format_report(summary))
+    return 0 if summary.success else 1
+
+
+def register(sub) -> None:
+    p = sub.add_parser("data", help="starter datasets and data contracts")
+    s = p.add_subparsers(dest="data_command", required=True, metavar="SUBCOMMAND")
+
+    g = s.add_parser("generate", help="write the starter domains' datasets to the store (deterministic)")
+    _catalog_args(g)
+    g.add_argument("--overwrite", action="store_true", help="rewrite datasets that already exist")
+    g.set_defaults(func=generate)
+
+    v = s.add_parser("validate", help="check every domain dataset against its contract (Great Expectations)")
+    _catalog_args(v)
+    v.add_argument("--json", action="store_true", help="print the full report as JSON")
+    v.add_argument("--no-docs", action="store_true", help="skip building GX Data Docs")
+    v.add_argument("--track", action="store_true", help="record the validation (datasets, report) in MLflow")
+    v.set_defaults(func=validate)

@@ -1,0 +1,111 @@
+"""Reading a domain's dataset from the store, and its content digest.
+
+The digest is the sha256 of the file's bytes, so "same digest" means "same data" whatever
+the store: lineage records it, contract validation is cached by it, and retraining
+compares it with the champion's.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+from dataclasses import dataclass
+
+import pandas as pd
+
+from infra.storage import get_fs
+from temper.catalog import Domain
+from temper.errors import DatasetError, StorageError
+from temper.settings import Settings, get_settings
+
+
+@dataclass(frozen=True)
+class LoadedDataset:
+    domain: str
+    uri: str
+    digest: str
+    frame: pd.DataFrame
+
+
+def _read_bytes(uri: str, settings: Settings) -> bytes:
+    fs, path = get_fs(uri, settings)
+    try:
+        with fs.open(path, "rb") as f:
+            return f.read()
+    except FileNotFoundError:
+        raise DatasetError(f"dataset {uri} does not exist (run `temper data generate` for starter domains)") from None
+    except PermissionError as e:
+        raise DatasetError(f"dataset {uri}: permission denied: {e}") from None
+    except Exception as e:  # network errors from s3fs/aiobotocore
+        raise StorageError(f"cannot read dataset {uri}: {type(e).__name__}: {e}") from None
+
+
+def parse_dataset(data: bytes, fmt: str, uri: str) -> pd.DataFrame:
+    try:
+        if fmt == "jsonl":
+            rows = [json.loads(line) for line in data.decode("utf-8").splitlines() if line.strip()]
+            return pd.DataFrame.from_records(rows)
+        if fmt == "parquet":
+            return pd.read_parquet(io.BytesIO(data))
+    except (ValueError, UnicodeDecodeError, OSError) as e:
+        raise DatasetError(f"dataset {uri} is not valid {fmt}: {e}") from None
+    raise DatasetError(f"dataset {uri}: unknown format {fmt!r}")
+
+
+def load_dataset(domain: Domain, settings: Settings | None = None) -> LoadedDataset:
+    settings = settings or get_settings()
+    uri = domain.dataset_uri(settings.resolved_storage_root)
+    data = _read_bytes(uri, settings)
+    frame = parse_dataset(data, domain.dataset.format, uri)
+    return LoadedDataset(domain=domain.name, uri=uri, digest=hashlib.sha256(data).hexdigest(), frame=frame)
+
+
+def read_dataset(domain: Domain, settings: Settings | None = None) -> pd.DataFrame:
+    return load_dataset(domain, settings).frame
+
+
+def dataset_digest(domain: Domain, settings: Settings | None = None) -> str:
+    settings = settings or get_settings()
+    uri = domain.dataset_uri(settings.resolved_storage_root)
+    fs, path = get_fs(uri, settings)
+    try:
+        with fs.open(path, "rb") as f:
+            h = hashlib.sha256()
+            for chunk in iter(lambda: f.read(1 << 20), b""):
+                h.update(chunk)
+            return h.hexdigest()
+    except FileNotFoundError:
+        raise DatasetError(f"dataset {uri} does not exist (run `temper data generate` for starter domains)") from None
+    except Exception as e:
+        raise StorageError(f"cannot read dataset {uri}: {type(e).__name__}: {e}") from None
+
+
+def serialize_dataset(frame: pd.DataFrame, fmt: str) -> bytes:
+    if fmt == "jsonl":
+        return "".join(json.dumps(r, sort_keys=True) + "\n" for r in frame.to_dict(orient="records")).encode()
+    buf = io.BytesIO()
+    frame.to_parquet(buf, index=False)
+    return buf.getvalue()
+
+
+def generate_domain_dataset(domain: Domain, settings: Settings | None = None, overwrite: bool = False) -> tuple[str, str, bool]:
+    """Write a starter domain's dataset to the store; returns (uri, digest, written).
+
+    An existing file is kept unless ``overwrite``: generation is deterministic, so
+    rewriting only matters after the generator or its parameters changed.
+    """
+    from infra.storage import exists, write_bytes_atomic
+    from temper.generators import generate
+
+    settings = settings or get_settings()
+    if not domain.dataset.generator:
+        raise DatasetError(f"domain {domain.name} has no dataset.generator; its data is brought, not generated")
+    uri = domain.dataset_uri(settings.resolved_storage_root)
+    if exists(uri, settings) and not overwrite:
+        return uri, dataset_digest(domain, settings), False
+    frame = generate(domain.dataset.generator, domain.dataset.rows, domain.dataset.seed,
+                     domain.split.eval_fraction, domain.dataset.generator_params)
+    data = serialize_dataset(frame, domain.dataset.format)
+    write_bytes_atomic(uri, data, settings)
+    return uri, hashlib.sha256(data).hexdigest(), True

@@ -1,0 +1,217 @@
+"""Deterministic starter datasets, one generator per starter domain.
+
+Same (generator, rows, seed, params) -> same bytes, so digests are stable and a CI run
+validates exactly the data a developer saw. Every record has ``id``, ``split`` and
+``reference`` (the gold completion, the SFT target) plus its family's columns.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from collections.abc import Callable
+from typing import Any
+
+import pandas as pd
+
+GeneratorFn = Callable[[random.Random, int], dict[str, Any]]
+GENERATORS: dict[str, Callable[..., pd.DataFrame]] = {}
+
+
+def generator(name: str):
+    def wrap(fn):
+        GENERATORS[name] = fn
+        return fn
+
+    return wrap
+
+
+def _split(rng: random.Random, eval_fraction: float) -> str:
+    return "eval" if rng.random() < eval_fraction else "train"
+
+
+def _frame(prefix: str, rows: int, seed: int, eval_fraction: float, make: GeneratorFn) -> pd.DataFrame:
+    rng = random.Random(f"{prefix}:{seed}")
+    records = []
+    for i in range(rows):
+        rec = {"id": f"{prefix}-{seed}-{i:06d}", **make(rng, i)}
+        rec["split"] = _split(rng, eval_fraction)
+        records.append(rec)
+    return pd.DataFrame.from_records(records)
+
+
+@generator("arithmetic")
+def arithmetic(rows: int, seed: int = 0, eval_fraction: float = 0.1, max_operand: int = 20,
+               ops: str = "+-*") -> pd.DataFrame:
+    def make(rng: random.Random, _: int) -> dict[str, Any]:
+        a, b, op = rng.randint(0, max_operand), rng.randint(0, max_operand), rng.choice(ops)
+        answer = {"+": a + b, "-": a - b, "*": a * b}[op]
+        return {"question": f"{a} {op} {b}", "answer": str(answer), "reference": str(answer)}
+
+    return _frame("arith", rows, seed, eval_fraction, make)
+
+
+# (name, signature args, docstring, body, test cases as (args, expected)), parameterised by k.
+_FUNCTIONS: list[Callable[[int], tuple[str, str, str, str, list[tuple[str, Any]]]]] = [
+    lambda k: ("add_k", "x: int", f"Return x plus {k}.", f"    return x + {k}\n",
+               [(str(x), x + k) for x in (0, 1, -5, 100)]),
+    lambda k: ("is_multiple", "n: int", f"Return True if n is a multiple of {k}.", f"    return n % {k} == 0\n",
+               [(str(n), n % k == 0) for n in (0, k, k + 1, 3 * k, 7)]),
+    lambda k: ("repeat_word", "word: str", f"Return word repeated {k} times, joined by '-'.",
+               f"    return '-'.join([word] * {k})\n",
+               [(repr(w), "-".join([w] * k)) for w in ("a", "hi", "xyz")]),
+    lambda k: ("clamp_k", "x: int", f"Clamp x into the range [0, {k}].", f"    return max(0, min({k}, x))\n",
+               [(str(x), max(0, min(k, x))) for x in (-3, 0, k // 2, k, k + 9)]),
+    lambda k: ("sum_above", "xs: list", f"Sum the elements of xs that are greater than {k}.",
+               f"    return sum(x for x in xs if x > {k})\n",
+               [(repr(xs), sum(x for x in xs if x > k)) for xs in ([], [k, k + 1], [1, 2, 30, 40], [k + 5] * 3)]),
+    lambda k: ("count_char", "s: str", f"Count occurrences of the letter {chr(97 + k % 26)!r} in s.",
+               f"    return s.count({chr(97 + k % 26)!r})\n",
+               [(repr(s), s.count(chr(97 + k % 26))) for s in ("", "banana", "abcabc" * k, "zzz")]),
+]
+
+
+@generator("python_functions")
+def python_functions(rows: int, seed: int = 0, eval_fraction: float = 0.1) -> pd.DataFrame:
+    def make(rng: random.Random, _: int) -> dict[str, Any]:
+        k = rng.randint(2, 9)
+        name, args, doc, body, cases = rng.choice(_FUNCTIONS)(k)
+        prompt = f'def {name}({args}):\n    """{doc}"""\n'
+        test = "def check(candidate):\n" + "".join(
+            f"    assert candidate({a}) == {e!r}\n" for a, e in cases
+        )
+        return {"prompt": prompt, "canonical_solution": body, "test": test, "entry_point": name,
+                "reference": body}
+
+    return _frame("pyfn", rows, seed, eval_fraction, make)
+
+
+_VENDORS = ["Acme Tools GmbH", "Blue River Foods", "Nordlicht Media", "Sierra Parts Inc.", "Kato Electric"]
+_CURRENCIES = ["EUR", "USD", "GBP", "JPY"]
+_LAYOUTS = [
+    "INVOICE\nVendor: {vendor}\nInvoice No.: {invoice_number}\nDate: {date}\n\nItems\n{items}\n\nTotal due: {total} {currency}\n",
+    "{vendor}\nTax invoice #{invoice_number}, issued {date}.\n{items}\nAmount payable ({currency}): {total}\n",
+    "Bill from {vendor}\n---\nref {invoice_number} | {date}\n{items}\n---\nTOTAL {currency} {total}\n",
+]
+
+
+@generator("invoice_extraction")
+def invoice_extraction(rows: int, seed: int = 0, eval_fraction: float = 0.1) -> pd.DataFrame:
+    def make(rng: random.Random, _: int) -> dict[str, Any]:
+        items = [(rng.choice(["bolts", "paper", "cable", "coffee", "license"]), rng.randint(1, 9),
+                  round(rng.uniform(1, 200), 2)) for _ in range(rng.randint(1, 4))]
+        total = round(sum(q * p for _, q, p in items), 2)
+        fields = {
+            "invoice_number": f"INV-{rng.randint(1000, 99999)}",
+            "date": f"2026-{rng.randint(1, 12):02d}-{rng.randint(1, 28):02d}",
+            "vendor": rng.choice(_VENDORS),
+            "currency": rng.choice(_CURRENCIES),
+            "total": total,
+        }
+        lines = "\n".join(f"- {name} x{q} @ {p:.2f}" for name, q, p in items)
+        document = rng.choice(_LAYOUTS).format(items=lines, **{**fields, "total": f"{total:.2f}"})
+        expected = json.dumps(fields, sort_keys=True)
+        return {"document": document, "expected": expected, "reference": expected}
+
+    return _frame("inv", rows, seed, eval_fraction, make)
+
+
+_TOOLS = [
+    {"name": "get_weather", "description": "Current weather for a city.",
+     "parameters": {"type": "object", "properties": {"city": {"type": "string"},
+                    "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]}}, "required": ["city"]}},
+    {"name": "convert_currency", "description": "Convert an amount between currencies.",
+     "parameters": {"type": "object", "properties": {"amount": {"type": "number"}, "source": {"type": "string"},
+                    "target": {"type": "string"}}, "required": ["amount", "source", "target"]}},
+    {"name": "set_timer", "description": "Start a countdown timer.",
+     "parameters": {"type": "object", "properties": {"minutes": {"type": "integer"}}, "required": ["minutes"]}},
+    {"name": "search_flights", "description": "Find flights between two airports on a date.",
+     "parameters": {"type": "object", "properties": {"origin": {"type": "string"}, "destination": {"type": "string"},
+                    "date": {"type": "string"}}, "required": ["origin", "destination", "date"]}},
+]
+_CITIES = ["Berlin", "Lima", "Osaka", "Nairobi", "Oslo", "Quito"]
+_AIRPORTS = ["BER", "LIM", "KIX", "NBO", "OSL", "UIO"]
+
+
+def _call(rng: random.Random) -> tuple[str, str, dict[str, Any], dict[str, list[Any]]]:
+    """One (tool, query text, arguments, BFCL allowed values) for a random tool."""
+    tool = rng.choice(_TOOLS)["name"]
+    if tool == "get_weather":
+        city, unit = rng.choice(_CITIES), rng.choice(["celsius", "fahrenheit"])
+        return tool, f"what's the weather in {city} in {unit}", {"city": city, "unit": unit}, \
+            {"city": [city], "unit": [unit]}
+    if tool == "convert_currency":
+        amt, src, dst = rng.randint(1, 500), *rng.sample(_CURRENCIES, 2)
+        return tool, f"convert {amt} {src} to {dst}", {"amount": amt, "source": src, "target": dst}, \
+            {"amount": [amt, float(amt)], "source": [src], "target": [dst]}
+    if tool == "set_timer":
+        m = rng.randint(1, 90)
+        return tool, f"set a timer for {m} minutes", {"minutes": m}, {"minutes": [m]}
+    o, d = rng.sample(_AIRPORTS, 2)
+    date = f"2026-{rng.randint(1, 12):02d}-{rng.randint(1, 28):02d}"
+    return tool, f"find flights from {o} to {d} on {date}", {"origin": o, "destination": d, "date": date}, \
+        {"origin": [o], "destination": [d], "date": [date]}
+
+
+@generator("tool_calls")
+def tool_calls(rows: int, seed: int = 0, eval_fraction: float = 0.1, parallel_fraction: float = 0.2) -> pd.DataFrame:
+    def make(rng: random.Random, _: int) -> dict[str, Any]:
+        n = 2 if rng.random() < parallel_fraction else 1
+        calls = []
+        for _ in range(n):
+            name, query, args, allowed = _call(rng)
+            calls.append((query, name, args, allowed))
+        offered = sorted({c[1] for c in calls} | {rng.choice(_TOOLS)["name"]})
+        query = " and ".join(c[0] for c in calls)
+        return {
+            "query": query[0].upper() + query[1:] + ".",
+            "functions": json.dumps([t for t in _TOOLS if t["name"] in offered], sort_keys=True),
+            "ground_truth": json.dumps([{c[1]: c[3]} for c in calls], sort_keys=True),
+            "reference": json.dumps([{"name": c[1], "arguments": c[2]} for c in calls], sort_keys=True),
+        }
+
+    return _frame("tool", rows, seed, eval_fraction, make)
+
+
+_WORDS = ["alpha", "beta", "gamma", "delta", "omega", "sigma"]
+
+
+def _shell_task(rng: random.Random) -> tuple[str, str, str, str]:
+    kind = rng.randrange(4)
+    w, n = rng.choice(_WORDS), rng.randint(2, 6)
+    if kind == 0:
+        return (f"Create a file named {w}.txt containing exactly the line '{w} {n}'.", "",
+                f'[ "$(cat {w}.txt)" = "{w} {n}" ]', f"echo '{w} {n}' > {w}.txt")
+    if kind == 1:
+        return (f"Rename draft.txt to {w}.md without changing its content.",
+                f"printf '{w}\\n' > draft.txt",
+                f'[ ! -e draft.txt ] && [ "$(cat {w}.md)" = "{w}" ]', f"mv draft.txt {w}.md")
+    if kind == 2:
+        return (f"Write the number of lines of data.csv into count.txt.",
+                f"seq 1 {n * 3} > data.csv",
+                f'[ "$(tr -d "[:space:]" < count.txt)" = "{n * 3}" ]', "wc -l < data.csv > count.txt")
+    return (f"Delete every .log file in logs/ but keep the other files.",
+            f"mkdir -p logs && for i in $(seq 1 {n}); do echo x > logs/$i.log; echo y > logs/$i.keep; done",
+            f'[ -z "$(ls logs/*.log 2>/dev/null)" ] && [ "$(ls logs | wc -l)" = "{n}" ]', "rm -f logs/*.log")
+
+
+@generator("shell_tasks")
+def shell_tasks(rows: int, seed: int = 0, eval_fraction: float = 0.1) -> pd.DataFrame:
+    def make(rng: random.Random, _: int) -> dict[str, Any]:
+        instruction, setup, check, solution = _shell_task(rng)
+        return {"instruction": instruction, "setup": setup, "check": check, "reference": solution}
+
+    return _frame("sh", rows, seed, eval_fraction, make)
+
+
+def generate(name: str, rows: int, seed: int, eval_fraction: float, params: dict[str, Any]) -> pd.DataFrame:
+    from temper.errors import DatasetError
+
+    try:
+        fn = GENERATORS[name]
+    except KeyError:
+        raise DatasetError(f"unknown generator {name!r}; known: {', '.join(sorted(GENERATORS))}") from None
+    try:
+        return fn(rows=rows, seed=seed, eval_fraction=eval_fraction, **params)
+    except TypeError as e:
+        raise DatasetError(f"generator {name}: bad generator_params {params}: {e}") from None

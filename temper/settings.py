@@ -1,0 +1,84 @@
+"""One settings model for the whole platform (env prefix ``TEMPER_``).
+
+The embedded default needs no configuration at all: MLflow in a sqlite file and the
+store under ``./.temper``, Prefect's ephemeral API, local processes for every workload.
+Every other module reads its connection details from here and nowhere else.
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+from pathlib import Path
+from typing import Literal
+
+from pydantic import Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="TEMPER_", extra="ignore")
+
+    home: Path = Field(
+        default=Path(".temper"),
+        description="Working directory for embedded state (sqlite tracking DB, local store, caches).",
+    )
+    tracking_uri: str | None = Field(
+        default=None,
+        description="MLflow tracking URI. None means sqlite:///<home>/mlflow.db (embedded).",
+    )
+    storage_root: str | None = Field(
+        default=None,
+        description="Root of the artifact/data store: a local path or s3://bucket/prefix. "
+        "None means <home>/store.",
+    )
+    s3_endpoint_url: str | None = Field(
+        default=None,
+        description="S3 endpoint for s3:// storage (MinIO, moto, a cloud region endpoint). "
+        "None means the AWS default resolution.",
+    )
+    s3_credentials: Literal["env", "profile", "anonymous"] = Field(
+        default="env",
+        description="Where s3fs gets credentials: the standard AWS env vars/instance role ('env'), "
+        "a named profile from s3_profile ('profile'), or none ('anonymous').",
+    )
+    s3_profile: str | None = Field(default=None, description="AWS profile name when s3_credentials='profile'.")
+    prefect_api_url: str | None = Field(
+        default=None,
+        description="Prefect API URL. None means Prefect's ephemeral in-process API.",
+    )
+    backend: Literal["local", "kubernetes"] = Field(
+        default="local",
+        description="Where workloads run: local processes or Kubernetes pods/jobs.",
+    )
+    catalog_dir: Path = Field(
+        default=Path("domains"),
+        description="Directory of domain YAML files (globbed: <catalog_dir>/**/*.yaml).",
+    )
+    contracts_dir: Path | None = Field(
+        default=None,
+        description="Directory of data-contract YAML files. None means the shipped data_contracts/ package.",
+    )
+
+    @property
+    def resolved_tracking_uri(self) -> str:
+        if self.tracking_uri:
+            return self.tracking_uri
+        return f"sqlite:///{(self.home / 'mlflow.db').resolve()}"
+
+    @property
+    def resolved_storage_root(self) -> str:
+        if self.storage_root:
+            return self.storage_root.rstrip("/")
+        return str((self.home / "store").resolve())
+
+    @property
+    def resolved_contracts_dir(self) -> Path:
+        if self.contracts_dir:
+            return self.contracts_dir
+        return Path(__file__).resolve().parent.parent / "data_contracts"
+
+
+@lru_cache(maxsize=1)
+def get_settings() -> Settings:
+    """Process-wide settings; tests call ``get_settings.cache_clear()`` after changing env."""
+    return Settings()

@@ -1,0 +1,99 @@
+"""Real servers on 127.0.0.1, one of each per test session: MLflow tracking, moto S3."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import requests
+
+BIN = Path(sys.executable).parent
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _wait_http(url: str, proc: subprocess.Popen, timeout: float, log: Path) -> None:
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"server exited with {proc.returncode}: {log.read_text()[-2000:]}")
+        try:
+            if requests.get(url, timeout=2).status_code < 500:
+                return
+        except requests.RequestException:
+            pass
+        time.sleep(0.3)
+    proc.kill()
+    raise RuntimeError(f"{url} not healthy after {timeout}s: {log.read_text()[-2000:]}")
+
+
+def _stop(proc: subprocess.Popen) -> None:
+    proc.terminate()
+    try:
+        proc.wait(10)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+
+
+@pytest.fixture(scope="session")
+def mlflow_server(tmp_path_factory):
+    """`mlflow server` with a sqlite backend and proxied artifacts; yields its URI."""
+    root = tmp_path_factory.mktemp("mlflow")
+    port = free_port()
+    log = root / "server.log"
+    env = {**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}
+    proc = subprocess.Popen(
+        [str(BIN / "mlflow"), "server", "--host", "127.0.0.1", "--port", str(port), "--workers", "1",
+         "--backend-store-uri", f"sqlite:///{root / 'mlflow.db'}",
+         "--artifacts-destination", str(root / "artifacts"), "--serve-artifacts"],
+        stdout=log.open("w"), stderr=subprocess.STDOUT, env=env, start_new_session=True)
+    uri = f"http://127.0.0.1:{port}"
+    _wait_http(uri + "/health", proc, 120, log)
+    yield uri
+    _stop(proc)
+
+
+@pytest.fixture(scope="session")
+def s3_server(tmp_path_factory):
+    """moto's S3-compatible server; yields its endpoint URL."""
+    root = tmp_path_factory.mktemp("moto")
+    port = free_port()
+    log = root / "server.log"
+    exe = shutil.which("moto_server", path=str(BIN)) or str(BIN / "moto_server")
+    proc = subprocess.Popen([exe, "-H", "127.0.0.1", "-p", str(port)], stdout=log.open("w"),
+                            stderr=subprocess.STDOUT, start_new_session=True)
+    url = f"http://127.0.0.1:{port}"
+    _wait_http(url, proc, 60, log)
+    yield url
+    _stop(proc)
+
+
+@pytest.fixture
+def s3_env(s3_server, monkeypatch):
+    """Settings pointed at a fresh bucket on the moto server."""
+    import uuid
+
+    import boto3
+
+    from temper.settings import get_settings
+
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
+    monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
+    bucket = f"temper-{uuid.uuid4().hex[:8]}"
+    boto3.client("s3", endpoint_url=s3_server, region_name="us-east-1").create_bucket(Bucket=bucket)
+    monkeypatch.setenv("TEMPER_S3_ENDPOINT_URL", s3_server)
+    monkeypatch.setenv("TEMPER_STORAGE_ROOT", f"s3://{bucket}/temper")
+    get_settings.cache_clear()
+    yield bucket
+    get_settings.cache_clear()

@@ -1,0 +1,78 @@
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from temper.catalog import load_catalog, load_domain, select_domains
+from temper.errors import CatalogError
+
+REPO = Path(__file__).resolve().parents[2]
+GOOD = yaml.safe_load((REPO / "domains" / "arithmetic.yaml").read_text())
+
+
+def write(tmp_path: Path, name: str, data) -> Path:
+    p = tmp_path / f"{name}.yaml"
+    p.write_text(data if isinstance(data, str) else yaml.safe_dump(data))
+    return p
+
+
+def test_shipped_catalog_loads_all_starter_domains():
+    catalog = load_catalog(REPO / "domains")
+    assert {"arithmetic", "python_functions", "invoice_extraction", "tool_calls", "shell_tasks"} <= set(catalog)
+    assert catalog["python_functions"].sandbox_profile == "python"
+
+
+def test_malformed_yaml_names_file_and_line(tmp_path):
+    p = write(tmp_path, "bad", "name: x\ndescription: [unclosed\n")
+    with pytest.raises(CatalogError, match=r"bad\.yaml.*line \d+.*malformed YAML"):
+        load_domain(p)
+
+
+def test_bad_field_names_file_field_and_reason(tmp_path):
+    p = write(tmp_path, "neg", {**GOOD, "reward_weight": -1})
+    with pytest.raises(CatalogError, match=r"neg\.yaml: field 'reward_weight': .*greater than or equal to 0"):
+        load_domain(p)
+
+
+def test_unknown_verifier_family_is_rejected(tmp_path):
+    p = write(tmp_path, "fam", {**GOOD, "verifier": {"family": "telepathy"}})
+    with pytest.raises(CatalogError, match=r"fam\.yaml: field 'verifier'.*unknown verifier family 'telepathy'"):
+        load_domain(p)
+
+
+def test_unknown_field_is_rejected(tmp_path):
+    p = write(tmp_path, "typo", {**GOOD, "sampling_ration": 0.3})
+    with pytest.raises(CatalogError, match="sampling_ration"):
+        load_domain(p)
+
+
+def test_duplicate_names_are_rejected(tmp_path):
+    write(tmp_path, "a", GOOD)
+    write(tmp_path, "b", GOOD)
+    with pytest.raises(CatalogError, match="already defined"):
+        load_catalog(tmp_path)
+
+
+def test_300_domains_load_quickly(tmp_path):
+    for i in range(300):
+        write(tmp_path, f"d{i}", {**GOOD, "name": f"arith_{i:03d}"})
+    t = time.perf_counter()
+    catalog = load_catalog(tmp_path)
+    elapsed = time.perf_counter() - t
+    assert len(catalog) == 300
+    assert elapsed < 10, f"loading 300 domains took {elapsed:.1f}s"
+
+
+def test_select_by_glob_and_unknown_pattern():
+    catalog = load_catalog(REPO / "domains")
+    assert [d.name for d in select_domains(catalog, ["tool*", "arith*"])] == ["arithmetic", "tool_calls"]
+    with pytest.raises(CatalogError, match="no domain matches nope"):
+        select_domains(catalog, ["nope"])
+
+
+def test_prompt_renders_from_record():
+    d = load_catalog(REPO / "domains")["arithmetic"]
+    assert d.render_prompt({"question": "2 + 3"}) == "Q: 2 + 3 =\nA:"
+    with pytest.raises(CatalogError, match="needs column 'question'"):
+        d.render_prompt({"q": "x"})

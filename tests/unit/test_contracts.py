@@ -1,0 +1,95 @@
+"""Contracts run through Great Expectations for real (ephemeral context, no server)."""
+
+from pathlib import Path
+
+import pytest
+
+from data_contracts.model import load_contract, load_contracts
+from data_contracts.runner import GXRunner
+from temper.errors import ContractError
+from temper.generators import generate
+
+CONTRACTS = Path(__file__).resolve().parents[2] / "data_contracts"
+
+
+@pytest.fixture(scope="module")
+def runner():
+    return GXRunner()
+
+
+def check(runner, contract, frame):
+    return runner.validate(contract.name, contract, frame, dataset_uri="mem://x", digest="0" * 64)
+
+
+@pytest.mark.parametrize("name", ["arithmetic", "python_functions", "invoice_extraction", "tool_calls", "shell_tasks"])
+def test_generated_starter_data_passes_its_contract(runner, name):
+    contract = load_contracts(CONTRACTS)[name]
+    report = check(runner, contract, generate(name, 300, 0, 0.1, {}))
+    assert report.success, report.failures
+
+
+def failures_by_check(report):
+    return {(f.check, f.column): f for f in report.failures}
+
+
+def test_numeric_answer_violation_is_named_and_fixing_it_passes(runner):
+    contract = load_contracts(CONTRACTS)["arithmetic"]
+    df = generate("arithmetic", 300, 0, 0.1, {})
+    df.loc[7, "answer"] = "seven"
+    report = check(runner, contract, df)
+    assert not report.success
+    f = failures_by_check(report)[("rule:parses_as_number", "answer")]
+    assert f.unexpected_count == 1 and f.sample_values == ["seven"]
+    df.loc[7, "answer"] = "7"
+    assert check(runner, contract, df).success
+
+
+def test_duplicate_ids_null_and_split_values(runner):
+    contract = load_contracts(CONTRACTS)["arithmetic"]
+    df = generate("arithmetic", 300, 0, 0.1, {})
+    df.loc[1, "id"] = df.loc[0, "id"]
+    df.loc[2, "split"] = "test"
+    df.loc[3, "question"] = None
+    fails = failures_by_check(check(runner, contract, df))
+    assert fails[("unique", "id")].unexpected_count == 2
+    assert fails[("allowed_values", "split")].sample_values == ["test"]
+    assert fails[("not_null", "question")].unexpected_count == 1
+
+
+def test_split_ratio_out_of_bounds(runner):
+    contract = load_contracts(CONTRACTS)["arithmetic"]
+    df = generate("arithmetic", 300, 0, 0.5, {})
+    fails = failures_by_check(check(runner, contract, df))
+    assert ("split_ratio", "split") in fails
+    assert 0.4 < fails[("split_ratio", "split")].observed < 0.6
+
+
+def test_tool_ground_truth_must_name_offered_function(runner):
+    contract = load_contracts(CONTRACTS)["tool_calls"]
+    df = generate("tool_calls", 100, 0, 0.1, {})
+    df.loc[4, "ground_truth"] = '[{"launch_rocket": {"x": [1]}}]'
+    f = failures_by_check(check(runner, contract, df))[("rule:calls_offered_functions", "ground_truth")]
+    assert f.unexpected_count == 1 and "launch_rocket" in f.sample_values[0]
+
+
+def test_code_tests_must_parse(runner):
+    contract = load_contracts(CONTRACTS)["python_functions"]
+    df = generate("python_functions", 100, 0, 0.1, {})
+    df.loc[0, "test"] = "def check(candidate):\n    assert candidate(1) ==\n"
+    df.loc[1, "test"] = "def check(candidate):\n    return None  # no asserts\n"
+    f = failures_by_check(check(runner, contract, df))[("rule:defines_check", "test")]
+    assert f.unexpected_count == 2
+
+
+def test_missing_column_is_reported(runner):
+    contract = load_contracts(CONTRACTS)["arithmetic"]
+    df = generate("arithmetic", 100, 0, 0.1, {}).drop(columns=["answer"])
+    fails = failures_by_check(check(runner, contract, df))
+    assert ("required", "answer") in fails and ("rule:parses_as_number", "answer") in fails
+
+
+def test_unknown_rule_in_contract_file(tmp_path):
+    p = tmp_path / "c.yaml"
+    p.write_text("name: c\ncolumns: {id: {type: str}}\nrules: [{rule: vibes, column: id}]\n")
+    with pytest.raises(ContractError, match=r"c\.yaml.*unknown rule 'vibes'"):
+        load_contract(p)

@@ -1,0 +1,1 @@
+"""Programs that run inside pods (or local processes). No Prefect import here."""
