@@ -33,8 +33,12 @@ MLFLOW_DIGEST_LEN = 32  # MLflow's dataset digest column is VARCHAR(36)
 
 def configure(settings: Settings | None = None) -> str:
     """Point MLflow at the configured tracking URI; fail fast if a server is unreachable."""
+    import os
+
     import mlflow
 
+    # MLflow writes "View run ... at URL" to stdout; it would corrupt `--json` output.
+    os.environ.setdefault("MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT", "true")
     settings = settings or get_settings()
     uri = settings.resolved_tracking_uri
     if uri.startswith("sqlite:///"):

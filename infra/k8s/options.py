@@ -1,0 +1,69 @@
+"""Kubernetes-only knobs, kept out of ``JobSpec`` so the local launcher never sees them."""
+
+from __future__ import annotations
+
+import hashlib
+import re
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class Toleration(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    key: str = Field(description="Taint key to tolerate, e.g. 'nvidia.com/gpu'.")
+    operator: str = Field(default="Exists", description="'Exists' or 'Equal'.")
+    value: str | None = Field(default=None, description="Taint value when operator is 'Equal'.")
+    effect: str | None = Field(default="NoSchedule", description="Taint effect; None tolerates every effect.")
+
+
+class KubernetesOptions(BaseModel):
+    """Where and how a JobSpec lands on a cluster; one per cluster, not per job."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    namespace: str = Field(default="temper", description="Namespace every object is created in.")
+    service_account: str = Field(default="temper-workload",
+                                 description="Service account of training/eval pods (sandbox pods get no token).")
+    node_selector: dict[str, str] = Field(default_factory=dict,
+                                          description="Node labels training/eval pods must match, e.g. GPU type.")
+    tolerations: list[Toleration] = Field(default_factory=list,
+                                          description="Taints training/eval pods tolerate (GPU nodes are usually tainted).")
+    priority_class: str | None = Field(default="temper-training",
+                                       description="PriorityClass of training/eval pods (k8s/base/priorityclasses.yaml).")
+    sandbox_priority_class: str | None = Field(default="temper-sandbox", description="PriorityClass of sandbox pods.")
+    queue_name: str | None = Field(default=None,
+                                   description="Kueue LocalQueue; sets the kueue.x-k8s.io/queue-name label (Kueue admits the job).")
+    s3_secret: str | None = Field(default="temper-s3",
+                                  description="Secret with AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY (+ optional "
+                                  "TEMPER_S3_ENDPOINT_URL), injected with envFrom into training/eval pods.")
+    runtime_class: str | None = Field(default=None,
+                                      description="RuntimeClass of sandbox pods, e.g. 'gvisor' or 'kata'; None = node default.")
+    ttl_seconds_after_finished: int = Field(default=3600, ge=0,
+                                            description="Seconds a finished Job (and its pods/logs) stays before GC.")
+    rendezvous_port: int = Field(default=29500, ge=1, le=65535, description="torch.distributed rendezvous port.")
+    image_pull_policy: str = Field(default="IfNotPresent", description="imagePullPolicy of every container.")
+    image_pull_secrets: list[str] = Field(default_factory=list, description="Secrets for a private registry.")
+    poll_interval_s: float = Field(default=5.0, gt=0, description="How often the launcher reads Job status.")
+    unschedulable_after_s: float = Field(default=900.0, gt=0,
+                                         description="Fail a job whose pods stay Unschedulable this long "
+                                         "(not applied while Kueue holds the job suspended).")
+    sandbox_cpu: str = Field(default="1", description="CPU limit of a sandbox pod.")
+    sandbox_memory: str = Field(default="1Gi", description="Memory limit of a sandbox pod.")
+    sandbox_scratch: str = Field(default="256Mi", description="Size of the sandbox's writable /work and /tmp.")
+    sandbox_image: str = Field(default="temper-workload:latest", description="Image of sandbox pods.")
+
+
+_LABEL_BAD = re.compile(r"[^a-z0-9-]+")
+
+
+def job_name(flow_run_id: str, stage: str, max_len: int = 52) -> str:
+    """Deterministic DNS-1123 name from flow run + stage: a retried task finds (adopts) its own Job.
+
+    The stage stays readable; the flow run id is hashed because Prefect ids are UUIDs (36
+    chars) and names of pods derived from the Job must stay under 63 characters.
+    """
+    digest = hashlib.sha256(flow_run_id.encode()).hexdigest()[:10]
+    slug = _LABEL_BAD.sub("-", stage.lower()).strip("-") or "job"
+    slug = slug[: max_len - len(digest) - 1].rstrip("-")
+    return f"{slug}-{digest}"

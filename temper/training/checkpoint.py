@@ -1,0 +1,105 @@
+"""Checkpoints: HF Trainer ``checkpoint-<step>`` folders, mirrored to the store, last K kept.
+
+Each folder holds the ZeRO-3 partitions, optimizer and scheduler state, every rank's RNG
+state (all written by the Trainer/DeepSpeed) plus ``temper_state.json``: the domain
+sampler's state and the sha256 of every dataset the run trains on. A restarted run with the
+same name finds its newest checkpoint (local first, then the store), and refuses to resume
+over changed data unless the config allows it.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+from infra.storage import get_fs, join
+from temper.settings import Settings, get_settings
+from temper.training.config import TrainConfig, TrainingError
+
+STATE_FILE = "temper_state.json"
+_CKPT = re.compile(r"^checkpoint-(\d+)$")
+
+
+def store_uri(cfg: TrainConfig, settings: Settings | None = None) -> str:
+    settings = settings or get_settings()
+    return (cfg.store_uri or join(settings.resolved_storage_root, "runs", cfg.run_name)).rstrip("/")
+
+
+def _steps(names: list[str]) -> list[int]:
+    return sorted(int(m.group(1)) for n in names if (m := _CKPT.match(n.rstrip("/").rsplit("/", 1)[-1])))
+
+
+def _complete(fs, path: str) -> bool:
+    return fs.exists(f"{path}/{STATE_FILE}")
+
+
+def local_checkpoints(output_dir: str | Path) -> list[int]:
+    out = Path(output_dir)
+    if not out.is_dir():
+        return []
+    return [s for s in _steps([p.name for p in out.iterdir()]) if (out / f"checkpoint-{s}" / STATE_FILE).exists()]
+
+
+def store_checkpoints(uri: str, settings: Settings | None = None) -> list[int]:
+    fs, path = get_fs(uri + "/checkpoints", settings)
+    if not fs.exists(path):
+        return []
+    steps = _steps([p for p in fs.ls(path, detail=False)])
+    return [s for s in steps if _complete(fs, f"{path}/checkpoint-{s}")]
+
+
+def latest_checkpoint(cfg: TrainConfig, settings: Settings | None = None) -> Path | None:
+    """Newest complete checkpoint of the run as a local folder (downloaded from the store if needed)."""
+    local = local_checkpoints(cfg.output_dir)
+    remote = store_checkpoints(store_uri(cfg, settings), settings)
+    best = max(local + remote, default=None)
+    if best is None:
+        return None
+    target = Path(cfg.output_dir) / f"checkpoint-{best}"
+    if best not in local:
+        fs, path = get_fs(store_uri(cfg, settings) + f"/checkpoints/checkpoint-{best}", settings)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        fs.get(path.rstrip("/") + "/", str(target) + "/", recursive=True)
+    return target
+
+
+def sync_to_store(cfg: TrainConfig, checkpoint_dir: Path, settings: Settings | None = None) -> str:
+    """Copy one checkpoint folder to the store (state file last, so a half copy is never 'complete'),
+    then delete store checkpoints beyond the newest ``save_total_limit``."""
+    uri = store_uri(cfg, settings) + f"/checkpoints/{checkpoint_dir.name}"
+    fs, path = get_fs(uri, settings)
+    for f in sorted(checkpoint_dir.rglob("*")):
+        if f.is_file() and f.name != STATE_FILE:
+            rel = f.relative_to(checkpoint_dir).as_posix()
+            if not uri.startswith("s3://"):
+                fs.makedirs(f"{path}/{rel}".rsplit("/", 1)[0], exist_ok=True)
+            fs.put_file(str(f), f"{path}/{rel}")
+    fs.put_file(str(checkpoint_dir / STATE_FILE), f"{path}/{STATE_FILE}")
+    steps = store_checkpoints(store_uri(cfg, settings), settings)
+    for old in steps[:-cfg.save_total_limit]:
+        fs.rm(f"{path.rsplit('/', 1)[0]}/checkpoint-{old}", recursive=True)
+    return uri
+
+
+def write_state(checkpoint_dir: Path, sampler_state: dict, digests: dict[str, str], step: int) -> None:
+    (checkpoint_dir / STATE_FILE).write_text(json.dumps(
+        {"step": step, "sampler": sampler_state, "digests": digests}, indent=1, sort_keys=True))
+
+
+def read_state(checkpoint_dir: Path) -> dict:
+    return json.loads((checkpoint_dir / STATE_FILE).read_text())
+
+
+def check_resume(cfg: TrainConfig, checkpoint_dir: Path, digests: dict[str, str]) -> dict:
+    """The saved state, after refusing a resume over different data (unless allowed)."""
+    state = read_state(checkpoint_dir)
+    saved = state["digests"]
+    changed = sorted(k for k in set(saved) | set(digests) if saved.get(k) != digests.get(k))
+    if changed and not cfg.allow_dataset_change:
+        detail = ", ".join(f"{k}: {saved.get(k, 'absent')[:12]} -> {digests.get(k, 'absent')[:12]}" for k in changed)
+        raise TrainingError(
+            f"run {cfg.run_name}: cannot resume from {checkpoint_dir}: dataset changed since the checkpoint "
+            f"({detail}); set allow_dataset_change: true to continue on the new data, or use a new run_name")
+    state["dataset_changed"] = bool(changed)
+    return state

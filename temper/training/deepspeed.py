@@ -1,0 +1,83 @@
+"""DeepSpeed JSON and accelerate config, generated from a TrainConfig (never hand-written).
+
+Choices that matter on CPU: ZeRO-3 with ``stage3_param_persistence_threshold: 0`` (else a
+tiny model is not sharded at all), no ``optimizer`` block so the HF Trainer passes torch
+AdamW (DeepSpeed's fused Adam JIT-compiles for ~5 min), fp32 (bf16 was slower here).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from temper.training.config import TrainConfig
+
+
+def deepspeed_config(cfg: TrainConfig) -> dict[str, Any]:
+    return {
+        "train_micro_batch_size_per_gpu": "auto",
+        "train_batch_size": "auto",
+        "gradient_accumulation_steps": "auto",
+        "gradient_clipping": "auto",
+        "zero_allow_untested_optimizer": True,
+        "bf16": {"enabled": False},
+        "fp16": {"enabled": False},
+        "zero_optimization": {
+            "stage": 3,
+            "stage3_param_persistence_threshold": 0,
+            "overlap_comm": False,
+            "contiguous_gradients": True,
+            "reduce_bucket_size": "auto",
+            "stage3_prefetch_bucket_size": "auto",
+            "stage3_gather_16bit_weights_on_model_save": True,
+        },
+        "steps_per_print": 10**9,
+        "wall_clock_breakdown": False,
+    }
+
+
+def accelerate_config(cfg: TrainConfig, ds_json_path: str) -> dict[str, Any]:
+    return {
+        "compute_environment": "LOCAL_MACHINE",
+        "distributed_type": "DEEPSPEED",
+        "deepspeed_config": {"deepspeed_config_file": ds_json_path, "zero3_init_flag": True},
+        "use_cpu": True,
+        "num_machines": 1,
+        "machine_rank": 0,
+        "num_processes": cfg.world_size,
+        "mixed_precision": "no",
+        "rdzv_backend": "static",
+        "same_network": True,
+        "main_training_function": "main",
+    }
+
+
+def write_launch_configs(cfg: TrainConfig, directory: str | Path) -> tuple[Path, Path]:
+    """Write ds_config.json and accelerate.yaml into ``directory``; returns both paths."""
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    ds_path = directory / "ds_config.json"
+    ds_path.write_text(json.dumps(deepspeed_config(cfg), indent=2))
+    acc_path = directory / "accelerate.yaml"
+    acc_path.write_text(yaml.safe_dump(accelerate_config(cfg, str(ds_path.resolve()))))
+    return ds_path, acc_path
+
+
+def torch_extensions_dir() -> str:
+    """Persistent JIT cache: moving it forces DeepSpeed to recompile its comm op (~1 min)."""
+    return os.environ.get("TORCH_EXTENSIONS_DIR") or str(Path.home() / ".cache" / "temper" / "torch_extensions")
+
+
+def launch_env() -> dict[str, str]:
+    """Environment every training rank needs on this kind of machine (CPU, gloo)."""
+    return {
+        "OMP_NUM_THREADS": "1",
+        "TORCH_EXTENSIONS_DIR": torch_extensions_dir(),
+        "PYTHONUNBUFFERED": "1",
+        "TOKENIZERS_PARALLELISM": "false",
+        "ACCELERATE_USE_CPU": "true",
+    }

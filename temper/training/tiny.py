@@ -1,0 +1,57 @@
+"""A tiny randomly initialised Llama-style model with a locally built tokenizer.
+
+Nothing is downloaded: the tokenizer is a fixed character vocabulary (printable ASCII plus
+newline and tab) built with the ``tokenizers`` library, so any starter-domain text encodes
+without unknown tokens and the same vocabulary comes out on every machine. Characters make
+arithmetic learnable by a tiny model (one token per digit).
+"""
+
+from __future__ import annotations
+
+import string
+from pathlib import Path
+
+SPECIAL = ["<pad>", "<s>", "</s>", "<unk>"]
+CHARS = [c for c in string.printable if c not in "\r\x0b\x0c"]
+CHAT_TEMPLATE = (
+    "{% for message in messages %}{{ message['role'] }}: {{ message['content'] }}\n{% endfor %}"
+    "{% if add_generation_prompt %}assistant: {% endif %}"
+)
+
+
+def build_tokenizer():
+    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {tok: i for i, tok in enumerate(SPECIAL + CHARS)}
+    tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.Split(Regex(r"[\s\S]"), behavior="isolated")
+    tok.decoder = decoders.Fuse()
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>",
+                                   pad_token="<pad>", unk_token="<unk>")
+    fast.chat_template = CHAT_TEMPLATE
+    fast.padding_side = "left"
+    return fast
+
+
+def init_tiny(out: str | Path, hidden: int = 64, layers: int = 2, heads: int = 4, max_positions: int = 512,
+              seed: int = 0) -> Path:
+    """Write a random tiny Llama + tokenizer as a normal HF folder (reloads with from_pretrained)."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    out = Path(out)
+    tokenizer = build_tokenizer()
+    config = LlamaConfig(vocab_size=len(tokenizer), hidden_size=hidden, intermediate_size=hidden * 2,
+                         num_hidden_layers=layers, num_attention_heads=heads, num_key_value_heads=heads,
+                         max_position_embeddings=max_positions, tie_word_embeddings=False,
+                         bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
+                         pad_token_id=tokenizer.pad_token_id)
+    torch.manual_seed(seed)
+    model = LlamaForCausalLM(config)
+    model.generation_config.pad_token_id = tokenizer.pad_token_id
+    model.generation_config.eos_token_id = tokenizer.eos_token_id
+    out.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(out, safe_serialization=True)
+    tokenizer.save_pretrained(out)
+    return out
