@@ -97,3 +97,15 @@ def s3_env(s3_server, monkeypatch):
     get_settings.cache_clear()
     yield bucket
     get_settings.cache_clear()
+
+
+@pytest.fixture(scope="session")
+def prefect_api(tmp_path_factory):
+    """A real temporary Prefect server (Prefect's own test harness), one per session."""
+    os.environ["PREFECT_LOCAL_STORAGE_PATH"] = str(tmp_path_factory.mktemp("prefect-results"))
+    from prefect.testing.utilities import prefect_test_harness
+
+    with prefect_test_harness(server_startup_timeout=120):
+        from prefect.settings import PREFECT_API_URL
+
+        yield PREFECT_API_URL.value()

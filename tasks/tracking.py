@@ -1,0 +1,32 @@
+"""Prefect tasks that write to MLflow. Retried: a tracking server restart must not fail a run."""
+
+from __future__ import annotations
+
+from prefect import task
+
+from data_contracts.runner import DomainReport
+
+
+@task(retries=3, retry_delay_seconds=[2, 5, 15])
+def record_validation(reports: list[DomainReport], experiment: str, run_name: str, parent_run_id: str | None = None) -> str:
+    """Log the validation stage (datasets with digests, report) as an MLflow run; returns its id."""
+    import mlflow
+
+    from infra import lineage
+    from temper.catalog import load_catalog
+    from temper.settings import get_settings
+    from temper.validation import ValidationSummary, track_validation
+
+    settings = get_settings()
+    lineage.configure(settings)
+    catalog = load_catalog(settings.catalog_dir)
+    domains = [catalog[r.domain] for r in reports]
+    summary = ValidationSummary(reports=reports, docs_uri=None)
+    if parent_run_id:
+        mlflow.set_experiment(experiment)
+        with lineage.stage_run("validate", parent_run_id=parent_run_id) as run:
+            track_validation(summary, domains, settings)
+            return run.info.run_id
+    with lineage.lifecycle_run(experiment, run_name, config={"domains": [d.name for d in domains]}) as run:
+        track_validation(summary, domains, settings)
+        return run.info.run_id
