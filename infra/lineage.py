@@ -220,3 +220,36 @@ def format_tree(tree: LineageTree) -> str:
             lines.append(f"{indent}  dataset {d.name} digest={d.digest} source={d.source} context={d.context}")
         node, label, indent = node.parent, "parent run", indent + "  "
     return "\n".join(lines)
+
+
+# ---- runs that span many Prefect tasks ------------------------------------------------------
+# Prefect tasks may run in other threads, where MLflow's fluent "active run" is not set, so
+# long-lived runs are created and ended with the client and re-entered by id where needed.
+
+def open_run(experiment: str, run_name: str, *, tags: dict[str, str] | None = None,
+             parent_run_id: str | None = None) -> str:
+    import mlflow
+    from mlflow.tracking import MlflowClient
+
+    exp = mlflow.set_experiment(experiment)
+    all_tags = {TAG_GIT: code_version(), "mlflow.runName": run_name, **(tags or {})}
+    if parent_run_id:
+        all_tags[PARENT_TAG] = parent_run_id
+    return MlflowClient().create_run(exp.experiment_id, run_name=run_name, tags=all_tags).info.run_id
+
+
+def close_run(run_id: str, status: str = "FINISHED") -> None:
+    from mlflow.tracking import MlflowClient
+
+    MlflowClient().set_terminated(run_id, status=status)
+
+
+@contextlib.contextmanager
+def resume_run(run_id: str) -> Iterator[Any]:
+    """Re-enter a run by id to log to it with the fluent API, leaving its status RUNNING."""
+    import mlflow
+    from mlflow.tracking import MlflowClient
+
+    with mlflow.start_run(run_id=run_id) as run:
+        yield run
+    MlflowClient().update_run(run_id, status="RUNNING")
