@@ -1,0 +1,117 @@
+"""The thin layer that talks to the API server; everything above it is plain logic.
+
+Each method is one client call, so the launcher's state machine can be tested against a
+fake of this class with real model objects (no API server can run in CI). Errors are the
+client's own ``ApiException`` (409 AlreadyExists on create, 404 on read/delete).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+from kubernetes import client as k
+from kubernetes.client.exceptions import ApiException
+
+from infra.k8s.errors import KubernetesError
+
+
+def load_config(context: str | None = None) -> None:
+    """In-cluster config when running in a pod (the Prefect worker), else ~/.kube/config."""
+    from kubernetes import config
+
+    try:
+        config.load_incluster_config()
+    except config.ConfigException:
+        try:
+            config.load_kube_config(context=context)
+        except (config.ConfigException, FileNotFoundError) as e:
+            raise KubernetesError(f"no Kubernetes credentials: not in a pod and no usable kubeconfig ({e})") from e
+
+
+class ClusterApi:
+    """Real calls through the official client. Construct after ``load_config()``."""
+
+    def __init__(self, api_client: k.ApiClient | None = None):
+        self.api_client = api_client or k.ApiClient()
+        self.batch = k.BatchV1Api(self.api_client)
+        self.core = k.CoreV1Api(self.api_client)
+        self.net = k.NetworkingV1Api(self.api_client)
+
+    def create(self, obj: Any) -> Any:
+        ns = obj.metadata.namespace
+        if isinstance(obj, k.V1Job):
+            return self.batch.create_namespaced_job(ns, obj)
+        if isinstance(obj, k.V1Service):
+            return self.core.create_namespaced_service(ns, obj)
+        if isinstance(obj, k.V1Pod):
+            return self.core.create_namespaced_pod(ns, obj)
+        if isinstance(obj, k.V1NetworkPolicy):
+            return self.net.create_namespaced_network_policy(ns, obj)
+        raise TypeError(f"cannot create {type(obj).__name__}")
+
+    def read_job(self, namespace: str, name: str) -> k.V1Job:
+        return self.batch.read_namespaced_job(name, namespace)
+
+    def read_pod(self, namespace: str, name: str) -> k.V1Pod:
+        return self.core.read_namespaced_pod(name, namespace)
+
+    def list_pods(self, namespace: str, label_selector: str) -> list[k.V1Pod]:
+        return list(self.core.list_namespaced_pod(namespace, label_selector=label_selector).items or [])
+
+    def delete(self, kind: str, namespace: str, name: str) -> None:
+        """Delete, cascading to pods; a missing object is not an error (cleanup is idempotent)."""
+        body = k.V1DeleteOptions(propagation_policy="Background", grace_period_seconds=None)
+        try:
+            if kind == "Job":
+                self.batch.delete_namespaced_job(name, namespace, body=body)
+            elif kind == "Service":
+                self.core.delete_namespaced_service(name, namespace)
+            elif kind == "Pod":
+                self.core.delete_namespaced_pod(name, namespace, grace_period_seconds=0)
+            else:
+                raise TypeError(f"cannot delete {kind}")
+        except ApiException as e:
+            if e.status != 404:
+                raise
+
+    def stream_log(self, namespace: str, pod: str, container: str) -> Iterator[str]:
+        """Follow a container's log line by line until it exits."""
+        resp = self.core.read_namespaced_pod_log(pod, namespace, container=container, follow=True,
+                                                 _preload_content=False)
+        buf = b""
+        try:
+            for chunk in resp.stream(4096):
+                buf += chunk
+                *lines, buf = buf.split(b"\n")
+                for line in lines:
+                    yield line.decode("utf-8", "replace")
+            if buf:
+                yield buf.decode("utf-8", "replace")
+        finally:
+            resp.release_conn()
+
+    def exec(self, namespace: str, pod: str, container: str, argv: list[str], stdin: bytes | None,
+             timeout_s: float) -> tuple[int | None, bytes, bytes]:
+        """Run ``argv`` in a container over the exec websocket: (exit code or None on timeout, stdout, stderr).
+
+        Closing stdin needs the v5 channel protocol (Kubernetes >= 1.30); on older servers a
+        program reading stdin to EOF waits until the timeout.
+        """
+        from kubernetes.stream import stream
+        from kubernetes.stream.ws_client import STDIN_CHANNEL
+
+        ws = stream(self.core.connect_get_namespaced_pod_exec, pod, namespace, container=container,
+                    command=argv, stdin=stdin is not None, stdout=True, stderr=True, tty=False,
+                    binary=True, _preload_content=False)
+        try:
+            if stdin is not None:
+                ws.write_stdin(stdin)
+                ws.close_channel(STDIN_CHANNEL)
+            ws.run_forever(timeout=timeout_s)
+            timed_out = ws.is_open()
+            out, err = ws.read_stdout() or b"", ws.read_stderr() or b""
+            code = None if timed_out else ws.returncode
+        finally:
+            ws.close()
+        return code, bytes(out), bytes(err)

@@ -1,0 +1,270 @@
+"""Run a JobSpec on Kubernetes: create (or adopt), watch, stream logs, map failures, clean up.
+
+The launcher is a small state machine over the thin ``ClusterApi`` layer:
+
+    submit:  create each object; 409 AlreadyExists -> adopt it (names are deterministic, so a
+             retried Prefect task finds the Job its previous attempt created)
+    watch:   poll Job + pods every ``poll_interval_s``; start a log follower per pod once it
+             runs; fail fast on states a Job never leaves by itself (image pull errors, a
+             missing Secret, pods Unschedulable past ``unschedulable_after_s``)
+    finish:  Complete -> done; Failed -> ``JobFailed`` with the reason from pod statuses
+             (OOMKilled, Evicted, DeadlineExceeded, ...); the headless Service is deleted
+             (the Job is GC'd by ttlSecondsAfterFinished, so its logs stay readable a while)
+    cancel:  a set ``cancel`` event, an exception or Ctrl-C in the watch deletes everything
+             the attempt created and raises ``JobFailed(reason='Cancelled')``
+
+Gang training retries: a failed attempt that may succeed again (a crashed rank, an evicted
+node) becomes a new Job ``<name>-r<k>``, up to ``spec.retries``; the workload resumes from
+its latest checkpoint.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from kubernetes import client as k
+from kubernetes.client.exceptions import ApiException
+
+from infra.jobspec import JobSpec
+from infra.k8s import manifests as m
+from infra.k8s.errors import JobFailed, KubernetesError
+from infra.k8s.options import KubernetesOptions
+
+LogFn = Callable[[str], None]
+FAIL_FAST_WAITING = {
+    "ImagePullBackOff": "ImagePullBackOff", "ErrImagePull": "ImagePullBackOff", "InvalidImageName": "ImagePullBackOff",
+    "CreateContainerConfigError": "CreateContainerConfigError",
+}
+
+
+class Api(Protocol):
+    def create(self, obj: Any) -> Any: ...
+    def read_job(self, namespace: str, name: str) -> k.V1Job: ...
+    def list_pods(self, namespace: str, label_selector: str) -> list[k.V1Pod]: ...
+    def delete(self, kind: str, namespace: str, name: str) -> None: ...
+    def stream_log(self, namespace: str, pod: str, container: str): ...
+
+
+@dataclass
+class Outcome:
+    state: str  # "running" | "succeeded" | "failed"
+    reason: str = ""
+    message: str = ""
+    retriable: bool = False
+    pod: str | None = None
+    finished: bool = False  # the Job itself ended (kept for its logs) vs still running (deleted)
+
+    def error(self, job: str) -> JobFailed:
+        return JobFailed(job, self.reason, self.message, self.retriable, self.pod)
+
+
+@dataclass
+class Attempt:
+    """What one attempt created (or adopted): the unit of watching and cleanup."""
+
+    objects: list[Any]
+    adopted: list[str] = field(default_factory=list)
+
+    @property
+    def jobs(self) -> list[k.V1Job]:
+        return [o for o in self.objects if isinstance(o, k.V1Job)]
+
+    @property
+    def namespace(self) -> str:
+        return self.objects[0].metadata.namespace
+
+
+def _condition(job: k.V1Job, type_: str) -> k.V1JobCondition | None:
+    for c in (job.status.conditions if job.status else None) or []:
+        if c.type == type_ and c.status == "True":
+            return c
+    return None
+
+
+def _statuses(pod: k.V1Pod) -> list[k.V1ContainerStatus]:
+    st = pod.status
+    return list((st.container_statuses or []) + (st.init_container_statuses or [])) if st else []
+
+
+def _failed_pod_outcome(pods: list[k.V1Pod], limits: str) -> Outcome | None:
+    """Most specific cause first: OOM beats eviction beats a plain non-zero exit."""
+    ordered = sorted(pods, key=lambda p: p.metadata.name)
+    for pod in ordered:
+        for cs in _statuses(pod):
+            term = (cs.state and cs.state.terminated) or (cs.last_state and cs.last_state.terminated)
+            if term and term.reason == "OOMKilled":
+                return Outcome("failed", "OOMKilled", f"container {cs.name!r} exceeded its memory limit ({limits}); "
+                               "raise resources.memory or lower the per-device batch size", False, pod.metadata.name)
+    for pod in ordered:
+        if pod.status and pod.status.reason == "Evicted":
+            return Outcome("failed", "Evicted", f"evicted by the kubelet: {pod.status.message or 'node pressure'}",
+                           True, pod.metadata.name)
+    for pod in ordered:
+        for cs in _statuses(pod):
+            term = cs.state and cs.state.terminated
+            if term and term.exit_code:
+                tail = f": {term.message.strip()[-300:]}" if term.message else ""
+                return Outcome("failed", "Error", f"container {cs.name!r} exited with code {term.exit_code} "
+                               f"({term.reason or 'Error'}){tail}", True, pod.metadata.name)
+    return None
+
+
+def classify(job: k.V1Job, pods: list[k.V1Pod], unschedulable_for_s: float, opts: KubernetesOptions,
+             limits: str = "") -> Outcome:
+    """Pure: Job + pod statuses -> running / succeeded / failed with a reason a user can act on."""
+    name = job.metadata.name
+    if _condition(job, "Complete"):
+        return Outcome("succeeded")
+    failed = _condition(job, "Failed")
+    if failed:
+        if failed.reason == "DeadlineExceeded":
+            deadline = job.spec.active_deadline_seconds if job.spec else None
+            return Outcome("failed", "DeadlineExceeded", f"ran longer than activeDeadlineSeconds={deadline} "
+                           "(spec.timeout_s); raise it or shorten the run", False, finished=True)
+        found = _failed_pod_outcome(pods, limits) or Outcome(
+            "failed", failed.reason or "Failed", failed.message or f"job {name} failed", True)
+        found.finished = True
+        return found
+    for pod in pods:
+        for cs in _statuses(pod):
+            waiting = cs.state and cs.state.waiting
+            if waiting and waiting.reason in FAIL_FAST_WAITING:
+                hint = ("check the image name/tag and imagePullSecrets" if "Image" in waiting.reason
+                        else "a Secret or ConfigMap the pod references is missing (e.g. the S3 secret)")
+                return Outcome("failed", FAIL_FAST_WAITING[waiting.reason],
+                               f"{waiting.message or waiting.reason}; {hint}", False, pod.metadata.name)
+    suspended = bool(job.spec and job.spec.suspend)
+    if unschedulable_for_s >= opts.unschedulable_after_s and not suspended:
+        msg = next((c.message for p in pods for c in (p.status.conditions or []) if c.reason == "Unschedulable"), "")
+        return Outcome("failed", "Unschedulable", f"pods unschedulable for {unschedulable_for_s:.0f}s: {msg}; "
+                       "check resources, nodeSelector/tolerations and the ResourceQuota", False)
+    return Outcome("running")
+
+
+def _unschedulable(pods: list[k.V1Pod]) -> bool:
+    return any(c.type == "PodScheduled" and c.status == "False" and c.reason == "Unschedulable"
+               for p in pods for c in ((p.status.conditions if p.status else None) or []))
+
+
+class KubernetesLauncher:
+    def __init__(self, api: Api, opts: KubernetesOptions, clock: Callable[[], float] = time.monotonic,
+                 sleep: Callable[[float], None] = time.sleep):
+        self.api, self.opts, self.clock, self.sleep = api, opts, clock, sleep
+
+    # --- submit -------------------------------------------------------------------------
+    def submit(self, objects: list[Any], on_log: LogFn = print) -> Attempt:
+        attempt = Attempt(objects=list(objects))
+        for obj in objects:
+            name, kind = obj.metadata.name, obj.kind
+            try:
+                self.api.create(obj)
+                on_log(f"created {kind} {obj.metadata.namespace}/{name}")
+            except ApiException as e:
+                if e.status != 409:
+                    raise KubernetesError(f"creating {kind} {name!r} in namespace {obj.metadata.namespace!r} "
+                                          f"failed: {e.status} {e.reason}: {(e.body or '')[:300]}") from e
+                if kind == "Job":
+                    existing = self.api.read_job(obj.metadata.namespace, name)
+                    owner = (existing.metadata.labels or {}).get(m.JOB_LABEL)
+                    if owner != name:
+                        raise KubernetesError(f"a Job named {name!r} exists in {obj.metadata.namespace!r} but was not "
+                                              "created by temper (no temper.dev/job label); delete it or rename the run")
+                attempt.adopted.append(name)
+                on_log(f"adopted existing {kind} {obj.metadata.namespace}/{name}")
+        return attempt
+
+    # --- watch --------------------------------------------------------------------------
+    def watch(self, attempt: Attempt, on_log: LogFn = print, cancel: threading.Event | None = None,
+              limits: str = "") -> None:
+        """Block until every Job of the attempt completes; raise JobFailed otherwise."""
+        ns = attempt.namespace
+        pending = {j.metadata.name for j in attempt.jobs}
+        followers: dict[str, threading.Thread] = {}
+        unschedulable_since: dict[str, float] = {}
+        keep: set[str] = set()  # finished Jobs stay until their TTL (logs, post-mortem)
+        try:
+            while pending:
+                if cancel is not None and cancel.is_set():
+                    raise JobFailed(",".join(sorted(pending)), "Cancelled", "cancelled by the caller", False)
+                for name in sorted(pending):
+                    job = self.api.read_job(ns, name)
+                    pods = self.api.list_pods(ns, f"{m.JOB_LABEL}={name}")
+                    self._follow_logs(ns, pods, followers, on_log)
+                    now = self.clock()
+                    if _unschedulable(pods):
+                        unschedulable_since.setdefault(name, now)
+                    else:
+                        unschedulable_since.pop(name, None)
+                    outcome = classify(job, pods, now - unschedulable_since.get(name, now), self.opts, limits)
+                    if outcome.state == "succeeded":
+                        on_log(f"job {name} complete")
+                        pending.discard(name)
+                        keep.add(name)
+                    elif outcome.state == "failed":
+                        if outcome.finished:
+                            keep.add(name)
+                        raise outcome.error(name)
+                if pending:
+                    self.sleep(self.opts.poll_interval_s)
+        except BaseException:
+            self.cleanup(attempt, on_log, keep=keep)
+            raise
+        finally:
+            for t in followers.values():
+                t.join(timeout=10)
+        self._delete_services(attempt)
+
+    def _follow_logs(self, ns: str, pods: list[k.V1Pod], followers: dict, on_log: LogFn) -> None:
+        for pod in pods:
+            name = pod.metadata.name
+            phase = pod.status.phase if pod.status else None
+            if name in followers or phase not in ("Running", "Succeeded", "Failed"):
+                continue
+
+            def follow(pod_name: str = name) -> None:
+                try:
+                    for line in self.api.stream_log(ns, pod_name, m.MAIN_CONTAINER):
+                        on_log(f"[{pod_name}] {line}")
+                except ApiException as e:  # pod deleted mid-stream: the watch loop reports the cause
+                    on_log(f"[{pod_name}] log stream ended: {e.status} {e.reason}")
+
+            t = threading.Thread(target=follow, name=f"log-{name}", daemon=True)
+            followers[name] = t
+            t.start()
+
+    # --- cleanup ------------------------------------------------------------------------
+    def cleanup(self, attempt: Attempt, on_log: LogFn = print, keep: set[str] = frozenset()) -> None:
+        """Delete what the attempt created (Jobs cascade to pods) except finished Jobs in ``keep``."""
+        for obj in reversed(attempt.objects):
+            if obj.kind == "Job" and obj.metadata.name in keep:
+                continue
+            self.api.delete(obj.kind, obj.metadata.namespace, obj.metadata.name)
+            on_log(f"deleted {obj.kind} {obj.metadata.namespace}/{obj.metadata.name}")
+
+    def _delete_services(self, attempt: Attempt) -> None:
+        for obj in attempt.objects:
+            if obj.kind == "Service":  # Services have no TTL; the Job GCs itself
+                self.api.delete("Service", obj.metadata.namespace, obj.metadata.name)
+
+    # --- the whole run ------------------------------------------------------------------
+    def run(self, spec: JobSpec, on_log: LogFn = print, shards: int = 1,
+            cancel: threading.Event | None = None) -> str:
+        """Run to success and return the name of the Job attempt that succeeded."""
+        limits = f"memory={spec.resources.memory}" if spec.kind != "sandbox" else f"memory={self.opts.sandbox_memory}"
+        attempts = spec.retries + 1 if spec.kind == "train" else 1  # eval shards retry via backoffLimit
+        for n in range(attempts):
+            objects = m.objects_for(spec, self.opts, shards=shards, attempt=n)
+            attempt = self.submit(objects, on_log)
+            try:
+                self.watch(attempt, on_log, cancel, limits)
+                return objects[-1].metadata.name
+            except JobFailed as e:
+                if e.reason == "Cancelled" or not e.retriable or n == attempts - 1:
+                    raise
+                on_log(f"attempt {n} failed ({e}); retrying as {m.attempt_name(spec.name, n + 1)}, "
+                       "resuming from the latest checkpoint")
+        raise AssertionError("unreachable")

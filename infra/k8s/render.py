@@ -1,0 +1,57 @@
+"""Render config (YAML people edit) -> the manifests a run submits, as YAML documents."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from infra.jobspec import JobSpec
+from infra.k8s import manifests as m
+from infra.k8s.errors import KubernetesError
+from infra.k8s.options import KubernetesOptions
+
+
+class RenderConfig(BaseModel):
+    """One run on one cluster: the same JobSpec the local launcher takes, plus cluster knobs."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    job: JobSpec = Field(description="The workload (infra.jobspec.JobSpec).")
+    kubernetes: KubernetesOptions = Field(default_factory=KubernetesOptions, description="Cluster placement.")
+    shards: int = Field(default=1, ge=1, description="Eval only: one Job per shard.")
+    attempt: int = Field(default=0, ge=0, description="Which retry attempt to render (0 = first; names get -r<k>).")
+
+
+def load_render_config(path: Path) -> RenderConfig:
+    try:
+        raw = yaml.safe_load(Path(path).read_text())
+    except FileNotFoundError as e:
+        raise KubernetesError(f"render config {path}: file not found") from e
+    except yaml.YAMLError as e:
+        raise KubernetesError(f"render config {path}: not valid YAML: {e}") from e
+    try:
+        return RenderConfig.model_validate(raw or {})
+    except ValidationError as e:
+        first = e.errors()[0]
+        where = ".".join(str(x) for x in first["loc"])
+        raise KubernetesError(f"render config {path}: {where}: {first['msg']} "
+                              f"({e.error_count()} error(s))") from e
+
+
+def render(cfg: RenderConfig) -> list[dict]:
+    objs = m.objects_for(cfg.job, cfg.kubernetes, shards=cfg.shards, attempt=cfg.attempt)
+    return [m.to_dict(o) for o in objs]
+
+
+def write_manifests(docs: list[dict], out_dir: Path) -> list[Path]:
+    """One file per object, numbered in creation order (kubectl apply -f DIR keeps that order)."""
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    paths = []
+    for i, doc in enumerate(docs):
+        p = out_dir / f"{i:02d}-{doc['kind'].lower()}-{doc['metadata']['name']}.yaml"
+        p.write_text(yaml.safe_dump(doc, sort_keys=False))
+        paths.append(p)
+    return paths

@@ -1,0 +1,156 @@
+"""Generated and static manifests validate offline (schema 1.33, strict); policies hold; the
+launcher state machine runs against a fake of the thin API layer (no API server can run here)."""
+
+from pathlib import Path
+
+import kubernetes_validate
+import pytest
+import yaml
+from kubernetes import client as k
+from kubernetes.client.exceptions import ApiException
+
+from infra.jobspec import JobSpec, Resources
+from infra.k8s import manifests as m
+from infra.k8s.errors import JobFailed
+from infra.k8s.launcher import KubernetesLauncher
+from infra.k8s.options import KubernetesOptions
+from infra.k8s.render import load_render_config, render
+
+ROOT = Path(__file__).resolve().parents[2]
+OPTS = KubernetesOptions(poll_interval_s=0.01, queue_name="q", runtime_class="gvisor")
+
+
+def _train(**kw):
+    base = dict(name="sft-abc", kind="train", command=["python", "-m", "workloads.train", "sft"], nodes=2,
+                procs_per_node=2, distributed=True, resources=Resources(gpus=2), retries=1)
+    return JobSpec(**{**base, **kw})
+
+
+@pytest.mark.parametrize("cfg", sorted((ROOT / "configs/k8s").glob("*.yaml")), ids=lambda p: p.name)
+def test_rendered_configs_validate(cfg):
+    for doc in render(load_render_config(cfg)):
+        kubernetes_validate.validate(doc, "1.33", strict=True)
+
+
+def test_static_manifests_validate():
+    files = [p for p in (ROOT / "k8s").rglob("*.yaml") if p.name != "kustomization.yaml"]
+    assert files
+    for p in files:
+        for doc in yaml.safe_load_all(p.read_text()):
+            kubernetes_validate.validate(doc, "1.33", strict=True)
+
+
+def test_training_job_is_gang_indexed_with_rendezvous():
+    svc, job = [m.to_dict(o) for o in m.objects_for(_train(), OPTS)]
+    spec = job["spec"]
+    assert spec["completionMode"] == "Indexed" and spec["parallelism"] == spec["completions"] == 2
+    assert spec["backoffLimit"] == 0 and job["metadata"]["labels"][m.QUEUE_LABEL] == "q"
+    pod = spec["template"]["spec"]
+    env = {e["name"]: e for e in pod["containers"][0]["env"]}
+    assert env["MASTER_ADDR"]["value"] == "sft-abc-0.sft-abc" and pod["subdomain"] == svc["metadata"]["name"]
+    assert "job-completion-index" in env["NODE_RANK"]["valueFrom"]["fieldRef"]["fieldPath"]
+    assert pod["containers"][0]["resources"]["limits"]["nvidia.com/gpu"] == "2"
+    shm = [v for v in pod["volumes"] if v["name"] == "dshm"][0]
+    assert shm["emptyDir"]["medium"] == "Memory"
+    assert svc["spec"]["clusterIP"] == "None"
+
+
+def test_sandbox_pod_is_restricted():
+    pod = m.to_dict(m.sandbox_pod("sb-1", OPTS, 60))["spec"]
+    sc = pod["containers"][0]["securityContext"]
+    assert sc["runAsNonRoot"] and sc["readOnlyRootFilesystem"] and not sc["allowPrivilegeEscalation"]
+    assert sc["capabilities"]["drop"] == ["ALL"] and sc["seccompProfile"]["type"] == "RuntimeDefault"
+    assert pod["automountServiceAccountToken"] is False and pod["activeDeadlineSeconds"] == 60
+    assert pod["runtimeClassName"] == "gvisor"
+    static = yaml.safe_load((ROOT / "k8s/base/networkpolicy-sandbox.yaml").read_text())
+    assert static == m.to_dict(m.sandbox_network_policy("temper"))
+
+
+def test_roles_grant_only_their_list():
+    expected = {
+        "temper-prefect-worker": {("batch", "jobs", v) for v in ("create", "get", "list", "watch", "delete")}
+        | {("", "pods", v) for v in ("get", "list", "watch")} | {("", "pods/log", "get")}
+        | {("", "events", "list"), ("", "events", "watch")},
+        "temper-flow-runner": {("batch", "jobs", v) for v in ("create", "get", "delete")}
+        | {("", "services", "create"), ("", "services", "delete")}
+        | {("", "pods", v) for v in ("create", "get", "list", "delete")} | {("", "pods/log", "get")}
+        | {("", "pods/exec", "create"), ("", "pods/exec", "get")},
+    }
+    docs = list(yaml.safe_load_all((ROOT / "k8s/base/rbac.yaml").read_text()))
+    roles = {d["metadata"]["name"]: d for d in docs if d["kind"] == "Role"}
+    assert set(roles) == set(expected)
+    for name, role in roles.items():
+        got = {(g, r, v) for rule in role["rules"] for g in rule["apiGroups"] for r in rule["resources"]
+               for v in rule["verbs"]}
+        assert got == expected[name] and role["metadata"]["namespace"] == "temper"
+    assert not [d for d in docs if d["kind"].startswith("Cluster")]
+
+
+class FakeApi:
+    """Fake of the thin ClusterApi layer only; statuses are the client's real models."""
+
+    def __init__(self, job_status, pods=(), existing=()):
+        self.job_status, self.pods, self.existing = job_status, list(pods), set(existing)
+        self.created, self.deleted, self.jobs = [], [], {}
+
+    def create(self, obj):
+        if obj.metadata.name in self.existing:
+            raise ApiException(status=409, reason="AlreadyExists")
+        self.created.append(obj.metadata.name)
+        self.jobs[obj.metadata.name] = obj
+        return obj
+
+    def read_job(self, ns, name):
+        job = self.jobs.get(name) or k.V1Job(metadata=k.V1ObjectMeta(name=name, labels={m.JOB_LABEL: name}))
+        return job.model_copy(update={"status": k.V1JobStatus.model_validate(self.job_status)})
+
+    def list_pods(self, ns, selector):
+        return [k.V1Pod.model_validate(p) for p in self.pods]
+
+    def delete(self, kind, ns, name):
+        self.deleted.append((kind, name))
+
+    def stream_log(self, ns, pod, container):
+        return iter(["step 1 loss 2.0"])
+
+
+FAILED = {"conditions": [{"type": "Failed", "status": "True", "reason": "PodFailurePolicy"}]}
+OOM_POD = {"metadata": {"name": "sft-abc-0-x"}, "status": {"phase": "Failed", "containerStatuses": [
+    {"name": "main", "image": "i", "imageID": "", "ready": False, "restartCount": 0,
+     "state": {"terminated": {"exitCode": 137, "reason": "OOMKilled"}}}]}}
+
+
+def test_success_adopts_existing_and_streams_logs():
+    api = FakeApi({"conditions": [{"type": "Complete", "status": "True"}]},
+                  pods=[{"metadata": {"name": "p0"}, "status": {"phase": "Succeeded"}}], existing={"sft-abc"})
+    logs = []
+    assert KubernetesLauncher(api, OPTS, sleep=lambda s: None).run(_train(), logs.append) == "sft-abc"
+    assert "sft-abc" not in api.created and any("adopted existing Job" in line for line in logs)
+    assert "[p0] step 1 loss 2.0" in logs and ("Service", "sft-abc") in api.deleted
+
+
+def test_oom_is_not_retried_and_names_the_pod():
+    api = FakeApi(FAILED, pods=[OOM_POD])
+    with pytest.raises(JobFailed) as e:
+        KubernetesLauncher(api, OPTS, sleep=lambda s: None).run(_train(), lambda s: None)
+    assert e.value.reason == "OOMKilled" and e.value.pod == "sft-abc-0-x" and "sft-abc-r1" not in api.created
+
+
+def test_image_pull_fails_fast_and_cleans_up():
+    pod = {"metadata": {"name": "p0"}, "status": {"phase": "Pending", "containerStatuses": [
+        {"name": "main", "image": "i", "imageID": "", "ready": False, "restartCount": 0,
+         "state": {"waiting": {"reason": "ImagePullBackOff", "message": "not found"}}}]}}
+    api = FakeApi({"active": 1}, pods=[pod])
+    with pytest.raises(JobFailed) as e:
+        KubernetesLauncher(api, OPTS, sleep=lambda s: None).run(_train(), lambda s: None)
+    assert e.value.reason == "ImagePullBackOff" and ("Job", "sft-abc") in api.deleted
+
+
+def test_crashed_rank_retries_as_new_attempt():
+    pod = {"metadata": {"name": "p0"}, "status": {"phase": "Failed", "containerStatuses": [
+        {"name": "main", "image": "i", "imageID": "", "ready": False, "restartCount": 0,
+         "state": {"terminated": {"exitCode": 1, "reason": "Error"}}}]}}
+    api = FakeApi(FAILED, pods=[pod])
+    with pytest.raises(JobFailed) as e:
+        KubernetesLauncher(api, OPTS, sleep=lambda s: None).run(_train(), lambda s: None)
+    assert e.value.reason == "Error" and "sft-abc-r1" in api.created
