@@ -1,0 +1,69 @@
+"""Prefect tasks that prepare the base model and run SFT/GRPO as training jobs.
+
+The job's run_name is derived from the flow run, so a retried task finds its own
+checkpoints in the store and resumes from them instead of starting over.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import yaml
+from prefect import get_run_logger, task
+
+from temper.lifecycle import PostTrainingParams
+
+
+@task(retries=1)
+def prepare_base_model(base_model: str) -> str:
+    """'tiny' -> a tiny random Llama made once under TEMPER_HOME; anything else is used as given."""
+    from temper.settings import get_settings
+
+    if base_model != "tiny":
+        return base_model
+    from temper.training.tiny import init_tiny
+
+    out = (get_settings().home / "models" / "tiny").resolve()
+    if not (out / "config.json").exists():
+        init_tiny(out)
+    return str(out)
+
+
+def training_config(stage: str, params: PostTrainingParams, base_model: str, run_key: str, workdir: Path) -> dict:
+    """The TrainConfig fields for one stage of a post-training run."""
+    s = params.sft if stage == "sft" else params.grpo
+    cfg = {
+        "mode": stage, "run_name": f"{run_key}-{stage}", "base_model": base_model, "domains": params.domains,
+        "output_dir": str(workdir / stage), "max_steps": s.max_steps, "learning_rate": s.learning_rate,
+        "per_device_batch_size": s.batch_size, "seed": params.seed, "world_size": params.world_size,
+        "deepspeed": params.world_size > 1, "save_steps": max(1, s.max_steps // 2), "tracking": True,
+        "mlflow_experiment": "post_training",
+    }
+    if stage == "grpo":
+        cfg.update(num_generations=params.grpo.num_generations, beta=params.grpo.beta,
+                   max_completion_length=params.grpo.max_completion_length)
+    return cfg
+
+
+@task(retries=1, retry_delay_seconds=5, task_run_name="train-{stage}", timeout_seconds=6 * 3600)
+def train_stage(stage: str, params: PostTrainingParams, base_model: str, run_key: str, parent_run_id: str) -> str:
+    """Run one training job to completion; returns the exported HF model folder."""
+    from infra.launcher_local import run_job
+    from temper.commands.train import training_job
+    from temper.errors import TemperError
+    from temper.settings import get_settings
+
+    logger = get_run_logger()
+    workdir = (get_settings().home / "runs" / run_key).resolve()
+    workdir.mkdir(parents=True, exist_ok=True)
+    config_path = workdir / f"{stage}.yaml"
+    config_path.write_text(yaml.safe_dump(training_config(stage, params, base_model, run_key, workdir)))
+    spec = training_job(str(config_path), stage)
+    spec.env["TEMPER_PARENT_RUN_ID"] = parent_run_id
+    if params.backend == "kubernetes":
+        raise TemperError("backend 'kubernetes' for training: submit through infra.k8s (see docs/kubernetes.md)")
+    status = run_job(spec, on_line=lambda line: logger.info("[%s] %s", stage, line))
+    model_dir = workdir / stage / "model"
+    if status != 0 or not (model_dir / "config.json").exists():
+        raise TemperError(f"{stage} job {spec.name} failed with exit status {status}; logs above")
+    return str(model_dir)
