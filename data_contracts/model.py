@@ -8,7 +8,7 @@ from typing import Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from temper.errors import ContractError
+from temper.errors import ContractError, describe_validation_error
 
 ColumnType = Literal["str", "int", "float", "bool"]
 
@@ -76,9 +76,7 @@ def load_contract(path: Path) -> Contract:
     try:
         contract = Contract.model_validate(raw)
     except ValidationError as e:
-        first = e.errors()[0]
-        loc = ".".join(str(p) for p in first["loc"]) or "<root>"
-        raise ContractError(f"{path}: field '{loc}': {first['msg']}") from None
+        raise ContractError(describe_validation_error(path, e)) from None
     contract.source_file = str(path)
     return contract
 

@@ -14,7 +14,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from temper.errors import CatalogError
+from temper.errors import CatalogError, describe_validation_error
 
 
 class DatasetSpec(BaseModel):
@@ -106,13 +106,6 @@ class Domain(BaseModel):
             raise CatalogError(f"domain {self.name}: prompt_template needs column {e.args[0]!r}, record has {sorted(record)}") from None
 
 
-def _format_validation_error(path: Path, err: ValidationError) -> str:
-    first = err.errors()[0]
-    loc = ".".join(str(p) for p in first["loc"]) or "<root>"
-    more = f" (+{len(err.errors()) - 1} more)" if len(err.errors()) > 1 else ""
-    return f"{path}: field '{loc}': {first['msg']}{more}"
-
-
 def load_domain(path: Path) -> Domain:
     """Parse one domain file; every failure names the file, the field and the reason."""
     try:
@@ -128,7 +121,7 @@ def load_domain(path: Path) -> Domain:
     try:
         domain = Domain.model_validate(raw)
     except ValidationError as e:
-        raise CatalogError(_format_validation_error(path, e)) from None
+        raise CatalogError(describe_validation_error(path, e)) from None
     domain.source_file = str(path)
     return domain
 

@@ -23,3 +23,12 @@ class StorageError(TemperError):
 
 class TrackingError(TemperError):
     """The MLflow tracking server cannot be reached or refused a write."""
+
+
+def describe_validation_error(source: object, err) -> str:
+    """'<file>: field '<a.b>': <reason>' from a pydantic ValidationError: the one format of every config error."""
+    errors = err.errors()
+    first = errors[0]
+    loc = ".".join(str(p) for p in first["loc"]) or "<root>"
+    more = f" (+{len(errors) - 1} more)" if len(errors) > 1 else ""
+    return f"{source}: field '{loc}': {first['msg']}{more}"
