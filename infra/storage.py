@@ -37,13 +37,6 @@ def get_fs(uri: str, settings: Settings | None = None) -> tuple[fsspec.AbstractF
     return fs, path
 
 
-def open_uri(uri: str, mode: str = "rb", settings: Settings | None = None):
-    fs, path = get_fs(uri, settings)
-    if "w" in mode and not uri.startswith("s3://"):
-        fs.makedirs(fs._parent(path), exist_ok=True)
-    return fs.open(path, mode)
-
-
 def join(root: str, *parts: str) -> str:
     return "/".join([root.rstrip("/"), *(p.strip("/") for p in parts)])
 

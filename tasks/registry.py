@@ -18,8 +18,8 @@ def open_lifecycle(params: PostTrainingParams, run_name: str, reports: list[Doma
 
     from infra import lineage
     from temper.catalog import load_catalog
-    from temper.datasets import load_dataset
     from temper.settings import get_settings
+    from temper.validation import log_validated_datasets
 
     settings = get_settings()
     lineage.configure(settings)
@@ -29,10 +29,7 @@ def open_lifecycle(params: PostTrainingParams, run_name: str, reports: list[Doma
     catalog = load_catalog(settings.catalog_dir)
     with lineage.resume_run(run_id):
         mlflow.log_dict(params.model_dump(mode="json"), "params.json")
-        for r in reports:
-            if r.digest:
-                ds = load_dataset(catalog[r.domain], settings)
-                lineage.log_dataset(r.domain, ds.frame, ds.uri, ds.digest, context="training")
+        log_validated_datasets(reports, [catalog[r.domain] for r in reports], "training", settings)
         mlflow.set_tag("temper.validation", "pass" if all(r.success for r in reports) else "fail")
     return run_id
 

@@ -81,21 +81,33 @@ def format_report(summary: ValidationSummary) -> str:
     return "\n".join(lines)
 
 
-def track_validation(summary: ValidationSummary, domains: list[Domain], settings: Settings | None = None) -> None:
-    """Log a validation to the active MLflow run: datasets as inputs, report and Data Docs as artifacts.
+def log_validated_datasets(reports: list[DomainReport], domains: list[Domain], context: str,
+                           settings: Settings | None = None) -> None:
+    """Log each validated dataset on the active MLflow run (name, digest, source).
 
-    Datasets are re-read by digest from the reports, so the logged digest is the validated one.
+    The data is read again for MLflow's dataset profile; if its digest is no longer the
+    validated one, the file changed after validation and lineage would lie, so it is an error.
     """
-    import mlflow
-
     from infra.lineage import log_dataset
 
     settings = settings or get_settings()
     by_name = {d.name: d for d in domains}
+    for r in reports:
+        if not r.digest:
+            continue
+        ds = load_dataset(by_name[r.domain], settings)
+        if ds.digest != r.digest:
+            raise DatasetError(f"dataset {ds.uri} changed after validation (sha256 {r.digest[:12]} -> "
+                               f"{ds.digest[:12]}); validate again")
+        log_dataset(r.domain, ds.frame, ds.uri, ds.digest, context=context)
+
+
+def track_validation(summary: ValidationSummary, domains: list[Domain], settings: Settings | None = None) -> None:
+    """Log a validation to the active MLflow run: datasets as inputs, report and Data Docs as artifacts."""
+    import mlflow
+
+    log_validated_datasets(summary.reports, domains, "validation", settings)
     for r in summary.reports:
-        if r.digest:
-            ds = load_dataset(by_name[r.domain], settings)
-            log_dataset(r.domain, ds.frame, ds.uri, ds.digest, context="validation")
         mlflow.log_metric(f"contract_failures.{r.domain}", len(r.failures) + (1 if r.error else 0))
     mlflow.log_dict(summary.to_dict(), "validation/report.json")
     mlflow.set_tag("temper.validation", "pass" if summary.success else "fail")

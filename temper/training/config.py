@@ -12,7 +12,7 @@ from typing import Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from temper.errors import TemperError
+from temper.errors import TemperError, describe_validation_error
 
 
 class TrainingError(TemperError):
@@ -96,6 +96,4 @@ def load_config(path: str | Path, overrides: dict | None = None) -> TrainConfig:
     try:
         return TrainConfig.model_validate(raw)
     except ValidationError as e:
-        first = e.errors()[0]
-        loc = ".".join(str(p) for p in first["loc"]) or "<root>"
-        raise TrainingError(f"{path}: field '{loc}': {first['msg']}") from None
+        raise TrainingError(describe_validation_error(path, e)) from None
