@@ -49,7 +49,7 @@ def training_config(stage: str, params: PostTrainingParams, base_model: str, run
 def train_stage(stage: str, params: PostTrainingParams, base_model: str, run_key: str, parent_run_id: str) -> str:
     """Run one training job to completion; returns the exported HF model folder."""
     from infra.launcher_local import run_job
-    from temper.commands.train import training_job
+    from temper.training.job import training_job
     from temper.errors import TemperError
     from temper.settings import get_settings
 

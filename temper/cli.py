@@ -19,9 +19,11 @@ COMMAND_GROUPS = (
     "data",
     "lineage",
     "model",
+    "models",
     "train",
     "sandbox",
     "verify",
+    "serve",
     "k8s",
 )
 

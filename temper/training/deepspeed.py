@@ -19,9 +19,9 @@ from temper.training.config import TrainConfig
 
 def deepspeed_config(cfg: TrainConfig) -> dict[str, Any]:
     return {
-        "train_micro_batch_size_per_gpu": "auto",
-        "train_batch_size": "auto",
-        "gradient_accumulation_steps": "auto",
+        "train_micro_batch_size_per_gpu": cfg.per_device_batch_size,
+        "train_batch_size": cfg.per_device_batch_size * cfg.world_size,
+        "gradient_accumulation_steps": 1,
         "gradient_clipping": "auto",
         "zero_allow_untested_optimizer": True,
         "bf16": {"enabled": False},
@@ -45,11 +45,9 @@ def accelerate_config(cfg: TrainConfig, ds_json_path: str) -> dict[str, Any]:
         "compute_environment": "LOCAL_MACHINE",
         "distributed_type": "DEEPSPEED",
         "deepspeed_config": {"deepspeed_config_file": ds_json_path, "zero3_init_flag": True},
-        "use_cpu": True,
         "num_machines": 1,
         "machine_rank": 0,
         "num_processes": cfg.world_size,
-        "mixed_precision": "no",
         "rdzv_backend": "static",
         "same_network": True,
         "main_training_function": "main",
@@ -79,5 +77,4 @@ def launch_env() -> dict[str, str]:
         "TORCH_EXTENSIONS_DIR": torch_extensions_dir(),
         "PYTHONUNBUFFERED": "1",
         "TOKENIZERS_PARALLELISM": "false",
-        "ACCELERATE_USE_CPU": "true",
     }

@@ -122,3 +122,13 @@ def test_in_process_families_score_concurrently_with_gather():
         return await asyncio.gather(*(v.ascore({"answer": str(i)}, f"#### {i if i % 2 else i + 1}") for i in range(64)))
 
     assert [r.reward for r in asyncio.run(batch())] == [float(i % 2) for i in range(64)]
+
+
+def test_numeric_verifier_survives_huge_model_output():
+    """Seen in GRPO: sampled text like '1/0000000001e9999' must score 0, not crash the step."""
+    from temper.verifiers.registry import get_verifier
+
+    v = get_verifier("numeric", {"answer_field": "answer"})
+    assert v.score({"answer": "3"}, "1e999999999").reward == 0.0
+    assert v.score({"answer": "3"}, "1" + "0" * 400 + "/3").reward == 0.0
+    assert v.score({"answer": "3"}, "3e0").reward == 1.0

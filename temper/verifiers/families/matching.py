@@ -18,6 +18,7 @@ from temper.verifiers.registry import register
 _NUM = r"[-+]?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][-+]?\d+)?(?:\s*/\s*\d+)?%?"
 _NUMBER = re.compile(_NUM)
 _MARKER = re.compile(r"(?:####|final answer\s*(?:is)?\s*:?|answer\s*(?:is|:|=))\s*\$?\s*(" + _NUM + ")", re.I)
+MAX_EXPONENT = 400  # beyond this an answer is not a number anyone means
 _FRAC = re.compile(r"\\[dt]?frac\{([^{}]+)\}\{([^{}]+)\}")
 _THOUSANDS = re.compile(r"(?<=\d),(?=\d{3}\b)")
 
@@ -41,6 +42,9 @@ def parse_number(text: str) -> Fraction | None:
     t = _FRAC.sub(r"(\1)/(\2)", text.strip()).replace("$", "").replace("(", "").replace(")", "")
     t = _THOUSANDS.sub("", t).replace(" ", "").rstrip(".")
     percent = t.endswith("%")
+    exponent = re.search(r"[eE]([+-]?\d+)", t)
+    if exponent and abs(int(exponent.group(1))) > MAX_EXPONENT:
+        return None  # Fraction('1e999999999') would build a billion-digit integer
     try:
         value = Fraction(t.rstrip("%"))
     except (ValueError, ZeroDivisionError):
@@ -71,8 +75,9 @@ def candidates(raw: str | None) -> list[Fraction]:
 
 
 def numbers_match(got: Fraction, gold: Fraction, tolerance: float, relative: bool = True) -> bool:
-    scale = max(1.0, abs(float(gold))) if relative else 1.0
-    return abs(float(got) - float(gold)) <= tolerance * scale
+    """Exact Fraction arithmetic: model output such as '1e999999' or '1/000...1' must not overflow a float."""
+    scale = max(Fraction(1), abs(gold)) if relative else Fraction(1)
+    return abs(got - gold) <= Fraction(tolerance) * scale
 
 
 @register

@@ -1,0 +1,103 @@
+"""Run a JobSpec as local processes: ``accelerate launch`` for distributed jobs, else the command.
+
+Output (stdout and stderr merged) is streamed line by line to a callback. The job runs in
+its own process group (session), so cancel or timeout kills every rank and every child
+they started, not just the launcher.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable
+
+from infra.jobspec import JobSpec
+
+TIMEOUT_EXIT = 124
+CANCEL_EXIT = 130
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def build_argv(spec: JobSpec) -> list[str]:
+    """The argv that runs ``spec`` here; distributed jobs go through accelerate launch."""
+    cmd = list(spec.command)
+    if not spec.distributed:
+        return cmd
+    if cmd and os.path.basename(cmd[0]).startswith("python"):
+        cmd = cmd[1:]
+    launch = [sys.executable, "-m", "accelerate.commands.launch", "--num_processes", str(spec.world_size),
+              "--num_machines", "1", "--main_process_ip", "127.0.0.1", "--main_process_port", str(free_port())]
+    if spec.accelerate_config:
+        launch += ["--config_file", spec.accelerate_config]
+    if cmd and cmd[0] == "-m":
+        return launch + ["--module", *cmd[1:]]
+    return launch + cmd
+
+
+def _kill_group(proc: subprocess.Popen, grace_s: float = 5.0) -> None:
+    try:
+        os.killpg(proc.pid, signal.SIGTERM)
+    except ProcessLookupError:
+        return
+    try:
+        proc.wait(timeout=grace_s)
+    except subprocess.TimeoutExpired:
+        pass
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)  # also children that outlived the leader
+    except ProcessLookupError:
+        pass
+    proc.wait()
+
+
+def run_job(spec: JobSpec, on_line: Callable[[str], None] = print, *, cwd: str | None = None,
+            cancel: threading.Event | None = None) -> int:
+    """Run to completion; returns the exit status (124 on timeout, 130 when cancelled).
+
+    ``on_line`` may set ``cancel`` itself (e.g. to stop a job when a line appears).
+    """
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", **spec.env}
+    proc = subprocess.Popen(build_argv(spec), cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            stdin=subprocess.DEVNULL, text=True, bufsize=1, start_new_session=True)
+    cancel = cancel or threading.Event()
+    done = threading.Event()
+
+    def pump() -> None:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            on_line(line.rstrip("\n"))
+        done.set()
+
+    reader = threading.Thread(target=pump, daemon=True)
+    reader.start()
+    deadline = time.monotonic() + spec.timeout_s
+    status: int | None = None
+    while proc.poll() is None:
+        if cancel.is_set():
+            status = CANCEL_EXIT
+            break
+        if time.monotonic() > deadline:
+            status = TIMEOUT_EXIT
+            on_line(f"launcher: job {spec.name} timed out after {spec.timeout_s:.0f}s; killing its process group")
+            break
+        time.sleep(0.1)
+    if status is not None:
+        _kill_group(proc)
+    else:
+        # ranks may still hold the pipe open after the leader exited
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    done.wait(timeout=10)
+    return status if status is not None else proc.returncode

@@ -1,0 +1,157 @@
+"""The Trainer callback that ties a TRL run into temper: metrics, checkpoints, MLflow.
+
+Every rank runs it (collectives must be entered by all ranks); only rank 0 writes
+metrics.jsonl and talks to MLflow, and each machine's local rank 0 mirrors checkpoints to
+the store (each machine holds its own ranks' ZeRO partitions).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+from transformers import TrainerCallback
+
+from temper.settings import Settings
+from temper.training import checkpoint as ckpt
+from temper.training.config import TrainConfig
+from temper.training.rewards import DomainRewards, merge_summaries
+
+
+def _dist():
+    import torch.distributed as dist
+
+    return dist if dist.is_available() and dist.is_initialized() else None
+
+
+def _rank() -> int:
+    return int(os.environ.get("RANK", "0"))
+
+
+def shard_report(model) -> dict[str, int]:
+    """Parameters this rank holds vs the model's full size (ZeRO-3 stores ``ds_tensor`` partitions)."""
+    full = local = 0
+    for p in model.parameters():
+        if hasattr(p, "ds_tensor"):
+            full += p.ds_numel
+            local += p.ds_tensor.numel()
+        else:
+            full += p.numel()
+            local += p.numel()
+    return {"rank": _rank(), "full_numel": full, "local_numel": local}
+
+
+def tracking_enabled(cfg: TrainConfig, settings: Settings) -> bool:
+    return cfg.tracking and bool(settings.tracking_uri or os.environ.get("MLFLOW_TRACKING_URI"))
+
+
+class TemperCallback(TrainerCallback):
+    def __init__(self, cfg: TrainConfig, settings: Settings, *, digests: dict[str, str], uris: dict[str, str],
+                 frames: dict[str, Any], sampler_factory: Callable, rewards: DomainRewards | None,
+                 base_model: str) -> None:
+        self.cfg, self.settings = cfg, settings
+        self.digests, self.uris, self.frames = digests, uris, frames
+        self.sampler_factory, self.rewards, self.base_model = sampler_factory, rewards, base_model
+        self.out = Path(cfg.output_dir)
+        self.main = _rank() == 0
+        self.local_main = int(os.environ.get("LOCAL_RANK", "0")) == 0
+        self.mlflow_run = None
+        self.history: list[dict[str, float]] = []
+        self._t_step = self._t_log = time.perf_counter()
+        self._tokens_at_log: float | None = None
+
+    # -- lifecycle ---------------------------------------------------------------------------
+    def on_train_begin(self, args, state, control, model=None, **kw):
+        if self.cfg.log_shards and model is not None:
+            (self.out / f"shards-rank{_rank()}.json").write_text(json.dumps(shard_report(model)))
+        if self.main and tracking_enabled(self.cfg, self.settings):
+            self._start_mlflow()
+        self._t_log = time.perf_counter()
+
+    def _start_mlflow(self) -> None:
+        import mlflow
+
+        from infra import lineage
+
+        lineage.configure(self.settings)
+        mlflow.set_experiment(self.cfg.mlflow_experiment)
+        id_file = self.out / "mlflow_run_id"
+        tags = {lineage.TAG_CONFIG_HASH: lineage.config_hash(self.cfg), lineage.TAG_BASE_MODEL: self.base_model}
+        if id_file.exists():  # a resumed run continues the same MLflow run
+            self.mlflow_run = mlflow.start_run(run_id=id_file.read_text().strip())
+            return
+        parent = os.environ.get("TEMPER_PARENT_RUN_ID")
+        self.mlflow_run = mlflow.start_run(run_name=f"{self.cfg.mode}-{self.cfg.run_name}", tags={
+            lineage.TAG_KIND: "stage", lineage.TAG_STAGE: self.cfg.mode, lineage.TAG_GIT: lineage.code_version(),
+            **tags, **({lineage.PARENT_TAG: parent} if parent else {})})
+        id_file.write_text(self.mlflow_run.info.run_id)
+        mlflow.log_dict(self.cfg.model_dump(mode="json"), "train_config.json")
+        for name, frame in self.frames.items():
+            lineage.log_dataset(name, frame, self.uris[name], self.digests[name], context="training")
+
+    def on_step_begin(self, args, state, control, **kw):
+        self._t_step = time.perf_counter()
+
+    def on_step_end(self, args, state, control, **kw):
+        self._last_step_time = time.perf_counter() - self._t_step
+
+    def on_log(self, args, state, control, logs=None, **kw):
+        logs = dict(logs or {})
+        if self.rewards is not None:  # every rank scored its own samples: combine them
+            part = self.rewards.summary()
+            self.rewards.reset_stats()
+            dist = _dist()
+            parts = [part]
+            if dist is not None:
+                parts = [None] * dist.get_world_size()
+                dist.all_gather_object(parts, part)
+            logs.update(merge_summaries(parts))
+        if not self.main or "loss" not in logs and "train_loss" not in logs:
+            return
+        now = time.perf_counter()
+        logs["step_time_s"] = getattr(self, "_last_step_time", now - self._t_log)
+        tokens = logs.get("num_tokens")
+        if tokens is not None and self._tokens_at_log is not None and now > self._t_log:
+            logs["tokens_per_s"] = (tokens - self._tokens_at_log) / (now - self._t_log)
+        self._tokens_at_log, self._t_log = tokens, now
+        row = {"step": state.global_step, **{k: float(v) for k, v in logs.items() if isinstance(v, (int, float))}}
+        self.history.append(row)
+        with open(self.out / "metrics.jsonl", "a") as f:
+            f.write(json.dumps(row) + "\n")
+        if self.mlflow_run is not None:
+            import mlflow
+
+            mlflow.log_metrics({k.replace("/", "_") if k.startswith(("reward/", "pass_rate/", "none_rate/")) else k: v
+                                for k, v in row.items() if k != "step"}, step=state.global_step)
+
+    def on_save(self, args, state, control, **kw):
+        dist = _dist()
+        if dist is not None:
+            dist.barrier()  # every rank has written its partitions and RNG state
+        directory = self.out / f"checkpoint-{state.global_step}"
+        if self.local_main and directory.is_dir():
+            sampler = self.sampler_factory()
+            sampler.take(state.global_step * self.cfg.prompts_per_step)
+            ckpt.write_state(directory, sampler.state_dict(), self.digests, state.global_step)
+            uri = ckpt.sync_to_store(self.cfg, directory, self.settings)
+            print(f"temper: checkpoint step {state.global_step} synced to {uri}", flush=True)
+        if dist is not None:
+            dist.barrier()
+
+    def finish(self, result: dict[str, Any]) -> None:
+        """Rank 0: reward-curve artifact, model folder logged and registered."""
+        if self.mlflow_run is None:
+            return
+        import mlflow
+
+        from temper.training.export import log_and_register, reward_curve_png
+
+        png = reward_curve_png(self.out / "metrics.jsonl", self.out / "reward_curve.png")
+        if png is not None:
+            mlflow.log_artifact(str(png))
+        if result.get("model_dir") and self.cfg.register_as:
+            result["model_version"] = log_and_register(result["model_dir"], self.cfg.register_as)
+        mlflow.end_run()

@@ -1,0 +1,26 @@
+"""The job spec of a training run: what any launcher (local processes, Kubernetes) starts."""
+
+from __future__ import annotations
+
+import re
+import sys
+from pathlib import Path
+
+from infra.jobspec import JobSpec
+from temper.training.config import load_config
+from temper.training.deepspeed import launch_env, write_launch_configs
+
+
+def training_job(config_path: str, mode: str, max_steps: int | None = None) -> JobSpec:
+    """The JobSpec that runs one training config (generated accelerate/DeepSpeed configs included)."""
+    cfg = load_config(config_path)
+    command = [sys.executable, "-m", "workloads.train", mode, "--config", str(Path(config_path).resolve())]
+    if max_steps:
+        command += ["--max-steps", str(max_steps)]
+    acc = None
+    if cfg.deepspeed:
+        _, acc_path = write_launch_configs(cfg, Path(cfg.output_dir) / "launch")
+        acc = str(acc_path)
+    name = re.sub(r"[^a-z0-9-]", "-", f"{mode}-{cfg.run_name}")[:52].strip("-")
+    return JobSpec(name=name, kind="train", command=command, env=launch_env(), procs_per_node=cfg.world_size,
+                   distributed=cfg.deepspeed, accelerate_config=acc, timeout_s=24 * 3600)

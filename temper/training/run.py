@@ -1,0 +1,182 @@
+"""One training run: data -> domain-mixed stream -> TRL SFTTrainer/GRPOTrainer -> checkpoints -> export.
+
+Runs on every rank (started by ``accelerate launch``); rank 0 alone logs to MLflow and
+exports. The stream is materialised up front from the seeded ``DomainMixSampler`` and
+consumed in order (no trainer-side shuffle), exactly ``max_steps`` steps of it, so there
+is no trainer epoch boundary: step s always sees slots [s*P, (s+1)*P). On resume the
+Trainer skips the consumed batches and restores model/optimizer/scheduler/RNG; we check
+that the sampler state replayed to that step equals the one saved in the checkpoint.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+from pathlib import Path
+from typing import Any
+
+from temper.catalog import Domain, load_catalog, select_domains
+from temper.settings import Settings, get_settings
+from temper.training import checkpoint as ckpt
+from temper.training.callbacks import TemperCallback
+from temper.training.config import TrainConfig, TrainingError
+from temper.training.deepspeed import write_launch_configs
+from temper.training.mixing import DomainMixSampler
+
+log = logging.getLogger("temper.train")
+
+
+def resolve_model(uri: str, settings: Settings) -> str:
+    """A local folder as is; any other fsspec URI is copied once into <home>/cache/models."""
+    if "://" not in uri or uri.startswith("file://"):
+        path = Path(uri.removeprefix("file://"))
+        if not (path / "config.json").exists():
+            raise TrainingError(f"base_model {uri}: no config.json there (expected an HF model folder)")
+        return str(path)
+    from infra.storage import get_fs
+
+    target = settings.home.resolve() / "cache" / "models" / hashlib.sha256(uri.encode()).hexdigest()[:16]
+    if not (target / "config.json").exists():
+        fs, path = get_fs(uri, settings)
+        if not fs.exists(f"{path}/config.json"):
+            raise TrainingError(f"base_model {uri}: no config.json there (expected an HF model folder)")
+        tmp = target.with_suffix(".partial")
+        fs.get(path.rstrip("/") + "/", str(tmp) + "/", recursive=True)
+        tmp.rename(target)
+    return str(target)
+
+
+def load_domains(cfg: TrainConfig, settings: Settings) -> tuple[list[Domain], dict[str, Any], dict[str, str], dict[str, str]]:
+    """Domains, their train splits, dataset digests and source URIs."""
+    from temper.datasets import load_dataset
+
+    catalog = load_catalog(cfg.catalog_dir or settings.catalog_dir)
+    domains = select_domains(catalog, cfg.domains)
+    frames, digests, uris = {}, {}, {}
+    for d in domains:
+        loaded = load_dataset(d, settings)
+        frame = loaded.frame
+        if d.split.column not in frame.columns:
+            raise TrainingError(f"dataset {loaded.uri}: no split column {d.split.column!r}")
+        frames[d.name] = frame[frame[d.split.column] == d.split.train].reset_index(drop=True)
+        digests[d.name], uris[d.name] = loaded.digest, loaded.uri
+    return domains, frames, digests, uris
+
+
+def new_sampler(cfg: TrainConfig, domains: list[Domain], frames: dict[str, Any]) -> DomainMixSampler:
+    return DomainMixSampler(sizes={d.name: len(frames[d.name]) for d in domains},
+                            ratios={d.name: d.sampling_ratio for d in domains}, seed=cfg.seed)
+
+
+def build_stream(cfg: TrainConfig, domains: list[Domain], frames: dict[str, Any]) -> list[dict[str, str]]:
+    by_name = {d.name: d for d in domains}
+    rows = []
+    for name, idx in new_sampler(cfg, domains, frames).take((cfg.max_steps + 1) * cfg.prompts_per_step):
+        record = {k: (v.item() if hasattr(v, "item") else v) for k, v in frames[name].iloc[idx].to_dict().items()}
+        row = {"prompt": by_name[name].render_prompt(record), "domain": name}
+        if cfg.mode == "sft":
+            row["completion"] = str(record["reference"])
+        else:
+            row["record"] = json.dumps(record, default=str)
+        rows.append(row)
+    return rows
+
+
+def _args(cfg: TrainConfig, ds_json: str | None):
+    common = dict(
+        output_dir=cfg.output_dir, max_steps=cfg.max_steps, per_device_train_batch_size=cfg.per_device_batch_size,
+        gradient_accumulation_steps=1, learning_rate=cfg.learning_rate, lr_scheduler_type=cfg.lr_scheduler_type,
+        warmup_steps=cfg.warmup_steps, weight_decay=cfg.weight_decay, seed=cfg.seed, data_seed=cfg.seed,
+        logging_steps=1, save_strategy="steps", save_steps=cfg.save_steps, save_total_limit=cfg.save_total_limit,
+        report_to=[], deepspeed=ds_json, optim="adamw_torch", use_cpu=not cfg.deepspeed, bf16=False, fp16=False,
+        dataloader_num_workers=0, disable_tqdm=True, train_sampling_strategy="sequential", remove_unused_columns=False,
+        accelerator_config={"use_configured_state": True},
+    )
+    if cfg.mode == "sft":
+        from trl import SFTConfig
+
+        return SFTConfig(max_length=cfg.max_length, completion_only_loss=True, packing=False, **common)
+    from trl import GRPOConfig
+
+    return GRPOConfig(num_generations=cfg.num_generations, max_completion_length=cfg.max_completion_length,
+                      temperature=cfg.temperature, beta=cfg.beta, shuffle_dataset=False, log_completions=False,
+                      **common)
+
+
+def train(cfg: TrainConfig, settings: Settings | None = None) -> dict[str, Any]:
+    """Run (or resume) the configured training on this rank; returns rank-local results."""
+    import datasets
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    settings = settings or get_settings()
+    domains, frames, digests, uris = load_domains(cfg, settings)
+    model_dir = resolve_model(cfg.base_model, settings)
+    ds_json = None
+    if cfg.deepspeed:
+        ds_path, _ = write_launch_configs(cfg, Path(cfg.output_dir) / "launch")
+        ds_json = str(ds_path)
+    from accelerate import PartialState
+
+    # On CPU, the Trainer would build its own state with no backend (world size 1) or, with
+    # use_cpu, plain DDP. Configure the state first: gloo + DeepSpeed comm (zero.Init in
+    # from_pretrained needs it), which the Trainer then adopts (use_configured_state).
+    state = PartialState(backend="gloo") if cfg.deepspeed else PartialState(cpu=True)
+    args = _args(cfg, ds_json)
+    resume_from = None
+    if cfg.resume == "auto":
+        with state.local_main_process_first():
+            resume_from = ckpt.latest_checkpoint(cfg, settings)
+    if resume_from is not None:
+        saved = ckpt.check_resume(cfg, resume_from, digests)
+        if saved["dataset_changed"]:
+            log.warning("run %s: dataset changed since %s; continuing from step %d over the NEW data "
+                        "(allow_dataset_change: true)", cfg.run_name, resume_from.name, saved["step"])
+        else:
+            replay = new_sampler(cfg, domains, frames)
+            replay.take(saved["step"] * cfg.prompts_per_step)
+            if replay.state_dict() != saved["sampler"]:
+                raise TrainingError(f"run {cfg.run_name}: {resume_from}: domain sampler state differs from this "
+                                    "config's (sampling ratios, seed or batch size changed); use a new run_name")
+        if state.is_main_process:
+            log.warning("run %s: resuming from %s", cfg.run_name, resume_from)
+
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    if tokenizer.pad_token is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    tokenizer.padding_side = "left"
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    train_ds = datasets.Dataset.from_list(build_stream(cfg, domains, frames))
+
+    rewards = None
+    if cfg.mode == "sft":
+        from trl import SFTTrainer
+
+        trainer = SFTTrainer(model=model, args=args, train_dataset=train_ds.remove_columns(["domain"]),
+                             processing_class=tokenizer)
+    else:
+        from trl import GRPOTrainer
+
+        from temper.training.rewards import DomainRewards
+
+        rewards = DomainRewards(domains)
+        trainer = GRPOTrainer(model=model, args=args, train_dataset=train_ds, reward_funcs=[rewards],
+                              processing_class=tokenizer)
+
+    callback = TemperCallback(cfg, settings, digests=digests, uris=uris, frames=frames,
+                              sampler_factory=lambda: new_sampler(cfg, domains, frames), rewards=rewards,
+                              base_model=cfg.base_model)
+    trainer.add_callback(callback)
+    trainer.train(resume_from_checkpoint=str(resume_from) if resume_from else None)
+
+    result: dict[str, Any] = {"steps": trainer.state.global_step}
+    if cfg.export:
+        export_dir = Path(cfg.output_dir) / "model"
+        trainer.save_model(str(export_dir))  # ZeRO-3: gathers the partitions, rank 0 writes safetensors
+        if state.is_main_process:
+            tokenizer.save_pretrained(export_dir)
+            result["model_dir"] = str(export_dir)
+    callback.finish(result)
+    state.wait_for_everyone()
+    return result

@@ -1,0 +1,55 @@
+"""Pure parts of training: config validation, generated DeepSpeed config, the domain sampler."""
+
+from __future__ import annotations
+
+import collections
+
+import pytest
+
+from temper.training.config import TrainConfig
+from temper.training.deepspeed import accelerate_config, deepspeed_config
+from temper.training.mixing import DomainMixSampler
+
+
+def _cfg(**kw):
+    base = dict(mode="grpo", run_name="r", base_model="/m", output_dir="/o", per_device_batch_size=4,
+                num_generations=4, world_size=2)
+    return TrainConfig(**{**base, **kw})
+
+
+def test_grpo_batch_must_divide_into_groups():
+    with pytest.raises(ValueError, match="divisible by num_generations"):
+        _cfg(per_device_batch_size=3)
+
+
+def test_deepspeed_config_shards_tiny_models_and_uses_torch_adamw():
+    ds = deepspeed_config(_cfg())
+    assert ds["zero_optimization"]["stage"] == 3
+    assert ds["zero_optimization"]["stage3_param_persistence_threshold"] == 0
+    assert "optimizer" not in ds  # the Trainer passes torch AdamW
+    acc = accelerate_config(_cfg(), "/x/ds.json")
+    assert acc["num_processes"] == 2 and acc["distributed_type"] == "DEEPSPEED"
+
+
+def test_sampler_follows_ratios_and_resumes_exactly():
+    s = DomainMixSampler(sizes={"a": 50, "b": 30}, ratios={"a": 3.0, "b": 1.0}, seed=7)
+    first = s.take(400)
+    counts = collections.Counter(name for name, _ in first)
+    assert 0.68 < counts["a"] / 400 < 0.82
+    state = s.state_dict()
+    rest = s.take(100)
+    resumed = DomainMixSampler(sizes={"a": 50, "b": 30}, ratios={"a": 3.0, "b": 1.0}, seed=7)
+    resumed.load_state_dict(state)
+    assert resumed.take(100) == rest
+
+
+def test_sampler_visits_every_record_once_per_domain_epoch():
+    s = DomainMixSampler(sizes={"a": 10}, ratios={"a": 1.0}, seed=0)
+    assert sorted(i for _, i in s.take(10)) == list(range(10))
+
+
+def test_sampler_refuses_state_of_other_data():
+    s = DomainMixSampler(sizes={"a": 10}, ratios={"a": 1.0}, seed=0)
+    other = DomainMixSampler(sizes={"a": 11}, ratios={"a": 1.0}, seed=0)
+    with pytest.raises(ValueError, match="sizes"):
+        other.load_state_dict(s.state_dict())
