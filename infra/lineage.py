@@ -82,7 +82,7 @@ def lifecycle_run(experiment: str, run_name: str, *, config: Any = None, base_mo
     import mlflow
 
     try:
-        mlflow.set_experiment(experiment)
+        use_experiment(experiment)
     except Exception as e:
         raise TrackingError(f"cannot open MLflow experiment {experiment!r} at {mlflow.get_tracking_uri()}: {e}") from None
     all_tags = {TAG_KIND: "lifecycle", TAG_GIT: code_version(), **(tags or {})}
@@ -222,6 +222,24 @@ def format_tree(tree: LineageTree) -> str:
     return "\n".join(lines)
 
 
+def use_experiment(experiment: str, settings: Settings | None = None) -> Any:
+    """``mlflow.set_experiment`` that keeps embedded artifacts under TEMPER_HOME, not ./mlruns.
+
+    With a sqlite tracking URI MLflow would put artifacts relative to the current directory;
+    a tracking server decides artifact locations itself.
+    """
+    import mlflow
+
+    settings = settings or get_settings()
+    if settings.resolved_tracking_uri.startswith("sqlite:") and mlflow.get_experiment_by_name(experiment) is None:
+        location = (settings.home / "artifacts" / experiment).resolve().as_uri()
+        try:
+            mlflow.create_experiment(experiment, artifact_location=location)
+        except mlflow.exceptions.MlflowException:
+            pass  # created concurrently by another task: fine
+    return mlflow.set_experiment(experiment)
+
+
 # ---- runs that span many Prefect tasks ------------------------------------------------------
 # Prefect tasks may run in other threads, where MLflow's fluent "active run" is not set, so
 # long-lived runs are created and ended with the client and re-entered by id where needed.
@@ -231,7 +249,7 @@ def open_run(experiment: str, run_name: str, *, tags: dict[str, str] | None = No
     import mlflow
     from mlflow.tracking import MlflowClient
 
-    exp = mlflow.set_experiment(experiment)
+    exp = use_experiment(experiment)
     all_tags = {TAG_GIT: code_version(), "mlflow.runName": run_name, **(tags or {})}
     if parent_run_id:
         all_tags[PARENT_TAG] = parent_run_id

@@ -14,11 +14,12 @@ from temper.lifecycle import EvalSettings
 
 
 @task(retries=1, retry_delay_seconds=5, task_run_name="eval-{label}-{domain}")
-def evaluate(model_dir: str, domain: str, settings: EvalSettings, label: str) -> dict:
-    """Returns the eval result (mean_reward, pass_rate, n, per-sample rewards) of ``model_dir`` on ``domain``."""
+def evaluate(model_dir: str, domain: str, settings: EvalSettings, label: str, parent_run_id: str | None = None) -> dict:
+    """Mean reward, pass rate and n of ``model_dir`` on ``domain``; recorded as an MLflow eval run."""
     from infra.jobspec import JobSpec
     from infra.launcher_local import run_job
     from temper.errors import TemperError
+    from temper.evaluation import record_eval, summary
 
     logger = get_run_logger()
     out = Path(tempfile.mkdtemp(prefix="temper-eval-")) / "result.json"
@@ -27,7 +28,53 @@ def evaluate(model_dir: str, domain: str, settings: EvalSettings, label: str) ->
                    command=[sys.executable, "-m", "workloads.evaluate", "--model", model_dir, "--domain", domain,
                             "--limit", str(settings.limit), "--max-new-tokens", str(settings.max_new_tokens),
                             "--out", str(out)])
-    status = run_job(spec, on_line=lambda line: logger.info("[%s] %s", name, line))
+    lines: list[str] = []
+    status = run_job(spec, on_line=lines.append)
     if status != 0 or not out.exists():
-        raise TemperError(f"eval job {name} failed with exit status {status}")
-    return json.loads(out.read_text())
+        raise TemperError(f"eval job {name} failed with exit status {status}:\n" + "\n".join(lines[-30:]))
+    result = json.loads(out.read_text())
+    logger.info("%s on %s: mean reward %.3f, pass rate %.3f (n=%d)", label, domain, result["mean_reward"],
+                result["pass_rate"], result["n"])
+    if parent_run_id:
+        result["run_id"] = record_eval(result, label, parent_run_id)
+    return summary(result)
+
+
+@task(retries=3, retry_delay_seconds=[2, 5, 15], task_run_name="fetch-{model_name}-{version}")
+def fetch_model(model_name: str, version: str) -> dict:
+    """A registered version (number or alias) downloaded to a local folder the eval jobs can read."""
+    from mlflow.artifacts import download_artifacts
+    from mlflow.exceptions import MlflowException
+    from mlflow.tracking import MlflowClient
+
+    from infra import lineage
+    from temper.errors import TrackingError
+    from temper.settings import get_settings
+
+    lineage.configure()
+    client = MlflowClient()
+    try:
+        mv = (client.get_model_version(model_name, version) if version.isdigit()
+              else client.get_model_version_by_alias(model_name, version))
+    except MlflowException as e:
+        raise TrackingError(f"no model version {model_name}@{version}: {e.message.splitlines()[0]}") from None
+    target = get_settings().home.resolve() / "cache" / "registry" / model_name / mv.version
+    if not (target / "config.json").exists():
+        download_artifacts(artifact_uri=mv.source, dst_path=str(target.parent / f"{mv.version}.partial"))
+        (target.parent / f"{mv.version}.partial" / "model").rename(target)
+    trained = sorted({k.split(".")[2] for k in mv.tags if k.startswith("temper.eval.") and k.endswith(".mean_reward")})
+    return {"version": mv.version, "model_dir": str(target), "run_id": mv.run_id, "evaluated_domains": trained}
+
+
+@task(retries=3, retry_delay_seconds=[2, 5, 15])
+def tag_version(model_name: str, version: str, results: list[dict]) -> None:
+    """Write the eval summary onto the version, where the gate and `temper models` read it."""
+    from mlflow.tracking import MlflowClient
+
+    from infra import lineage
+    from temper.registry import eval_tags
+
+    lineage.configure()
+    client = MlflowClient()
+    for key, value in eval_tags({r["domain"]: r for r in results}).items():
+        client.set_model_version_tag(model_name, version, key, value)

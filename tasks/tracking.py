@@ -23,7 +23,7 @@ def record_validation(reports: list[DomainReport], experiment: str, run_name: st
     domains = [catalog[r.domain] for r in reports]
     summary = ValidationSummary(reports=reports, docs_uri=None)
     if parent_run_id:
-        mlflow.set_experiment(experiment)
+        lineage.use_experiment(experiment)
         with lineage.stage_run("validate", parent_run_id=parent_run_id) as run:
             track_validation(summary, domains, settings)
             return run.info.run_id

@@ -6,6 +6,7 @@ checkpoints in the store and resumes from them instead of starting over.
 
 from __future__ import annotations
 
+from collections import deque
 from pathlib import Path
 
 import yaml
@@ -34,25 +35,33 @@ def training_config(stage: str, params: PostTrainingParams, base_model: str, run
     s = params.sft if stage == "sft" else params.grpo
     cfg = {
         "mode": stage, "run_name": f"{run_key}-{stage}", "base_model": base_model, "domains": params.domains,
-        "output_dir": str(workdir / stage), "max_steps": s.max_steps, "learning_rate": s.learning_rate,
-        "per_device_batch_size": s.batch_size, "seed": params.seed, "world_size": params.world_size,
-        "deepspeed": params.world_size > 1, "save_steps": max(1, s.max_steps // 2), "tracking": True,
-        "mlflow_experiment": "post_training",
+        "mixing_weights": params.mixing_weights, "output_dir": str(workdir / stage), "max_steps": s.max_steps,
+        "learning_rate": s.learning_rate, "per_device_batch_size": s.batch_size, "seed": params.seed,
+        "world_size": params.world_size, "deepspeed": params.world_size > 1, "save_steps": max(1, s.max_steps // 2),
+        "tracking": True, "mlflow_experiment": "post_training",
     }
     if stage == "grpo":
-        cfg.update(num_generations=params.grpo.num_generations, beta=params.grpo.beta,
-                   max_completion_length=params.grpo.max_completion_length)
+        g = params.grpo
+        cfg.update(num_generations=g.num_generations, beta=g.beta, max_completion_length=g.max_completion_length,
+                   temperature=g.temperature)
     return cfg
+
+
+def is_progress(line: str) -> bool:
+    """Lines worth showing at INFO: Trainer metric dicts and temper's own messages."""
+    return line.startswith(("{'loss'", "{'train_runtime'", "temper:", "launcher:"))
 
 
 @task(retries=1, retry_delay_seconds=5, task_run_name="train-{stage}", timeout_seconds=6 * 3600)
 def train_stage(stage: str, params: PostTrainingParams, base_model: str, run_key: str, parent_run_id: str) -> str:
     """Run one training job to completion; returns the exported HF model folder."""
     from infra.launcher_local import run_job
-    from temper.training.job import training_job
     from temper.errors import TemperError
     from temper.settings import get_settings
+    from temper.training.job import training_job
 
+    if params.backend == "kubernetes":
+        raise TemperError("backend 'kubernetes' for training: submit through infra.k8s (see docs/kubernetes.md)")
     logger = get_run_logger()
     workdir = (get_settings().home / "runs" / run_key).resolve()
     workdir.mkdir(parents=True, exist_ok=True)
@@ -60,10 +69,14 @@ def train_stage(stage: str, params: PostTrainingParams, base_model: str, run_key
     config_path.write_text(yaml.safe_dump(training_config(stage, params, base_model, run_key, workdir)))
     spec = training_job(str(config_path), stage)
     spec.env["TEMPER_PARENT_RUN_ID"] = parent_run_id
-    if params.backend == "kubernetes":
-        raise TemperError("backend 'kubernetes' for training: submit through infra.k8s (see docs/kubernetes.md)")
-    status = run_job(spec, on_line=lambda line: logger.info("[%s] %s", stage, line))
+    tail: deque[str] = deque(maxlen=40)
+
+    def on_line(line: str) -> None:
+        tail.append(line)
+        (logger.info if is_progress(line) else logger.debug)("[%s] %s", stage, line)
+
+    status = run_job(spec, on_line=on_line)
     model_dir = workdir / stage / "model"
     if status != 0 or not (model_dir / "config.json").exists():
-        raise TemperError(f"{stage} job {spec.name} failed with exit status {status}; logs above")
+        raise TemperError(f"{stage} job {spec.name} failed with exit status {status}; last lines:\n" + "\n".join(tail))
     return str(model_dir)

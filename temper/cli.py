@@ -16,6 +16,7 @@ from temper.errors import TemperError
 # Order = order in --help.
 COMMAND_GROUPS = (
     "demo",
+    "up",
     "data",
     "lineage",
     "model",

@@ -32,3 +32,7 @@ def describe_validation_error(source: object, err) -> str:
     loc = ".".join(str(p) for p in first["loc"]) or "<root>"
     more = f" (+{len(errors) - 1} more)" if len(errors) > 1 else ""
     return f"{source}: field '{loc}': {first['msg']}{more}"
+
+
+class ContractViolation(TemperError):
+    """A dataset broke its data contract: the lifecycle stops before any compute is spent."""

@@ -69,3 +69,78 @@ def register_version(model_name: str, source: str, run_id: str, *, eval_results:
     if not decision.passed:
         client.set_model_version_tag(model_name, mv.version, "temper.candidate_reason", decision.reason)
     return {"name": model_name, "version": mv.version, "alias": chosen, "source": source}
+
+
+# ---- shared with registry operations (temper/registry_ops.py) and the eval flow ---------------
+
+EVAL_SAMPLES_ARTIFACT = "eval/{domain}.jsonl"
+LIFECYCLE_RUN_TAG = "temper.lifecycle_run"
+
+
+class RegistryError(TrackingError):
+    """A model, version or alias does not exist, or a registry operation cannot be done as asked.
+
+    A TrackingError, so callers that catch tracking failures also catch these; the message
+    always names the model/version/alias at fault.
+    """
+
+
+def log_eval_samples(domain: str, rewards: list[tuple[str, float | None]]) -> str:
+    """Log per-sample rewards of one domain's eval to the active MLflow run; returns the artifact path.
+
+    One JSON object per line, ``{"id": ..., "reward": ...}`` (reward ``null`` = not scored),
+    at ``eval/<domain>.jsonl``. Mean reward and pass rate on the version are summaries; these
+    samples are what ``temper models compare`` bootstraps its intervals from.
+    """
+    import mlflow
+
+    if mlflow.active_run() is None:
+        raise TrackingError(f"log_eval_samples({domain!r}): no active MLflow run to log to")
+    path = EVAL_SAMPLES_ARTIFACT.format(domain=domain)
+    lines = [json.dumps({"id": str(sample_id), "reward": None if r is None else float(r)}) for sample_id, r in rewards]
+    mlflow.log_text("\n".join(lines) + ("\n" if lines else ""), path)
+    return path
+
+
+def parse_eval_samples(text: str) -> list[tuple[str, float | None]]:
+    """The inverse of the ``log_eval_samples`` format (blank lines ignored)."""
+    out = []
+    for line in text.splitlines():
+        if line.strip():
+            obj = json.loads(line)
+            out.append((str(obj["id"]), None if obj.get("reward") is None else float(obj["reward"])))
+    return out
+
+
+def eval_samples(run_id: str, domain: str) -> list[tuple[str, float | None]] | None:
+    """Per-sample rewards of ``domain`` logged on run ``run_id``; None when that run has none."""
+    import mlflow
+    from mlflow.exceptions import MlflowException
+
+    path = EVAL_SAMPLES_ARTIFACT.format(domain=domain)
+    client = _client()
+    try:
+        present = {a.path for a in client.list_artifacts(run_id, path.rsplit("/", 1)[0])}
+        if path not in present:
+            return None
+        return parse_eval_samples(mlflow.artifacts.load_text(f"runs:/{run_id}/{path}"))
+    except MlflowException as e:
+        raise TrackingError(f"cannot read {path} of run {run_id}: {e.message.splitlines()[0]}") from None
+
+
+def lifecycle_run_id(mv: Any) -> str | None:
+    """The lifecycle (parent) run that produced a model version: its tag, else its run's parent."""
+    if mv.tags.get(LIFECYCLE_RUN_TAG):
+        return mv.tags[LIFECYCLE_RUN_TAG]
+    if not mv.run_id:
+        return None
+    return _client().get_run(mv.run_id).data.tags.get("mlflow.parentRunId")
+
+
+def stage_runs(lifecycle_id: str) -> list[Any]:
+    """Child runs (validate, sft, grpo, eval, register, ...) of a lifecycle run, oldest first."""
+    client = _client()
+    parent = client.get_run(lifecycle_id)
+    return client.search_runs([parent.info.experiment_id],
+                              filter_string=f"tags.`mlflow.parentRunId` = '{lifecycle_id}'",
+                              order_by=["attributes.start_time ASC"], max_results=1000)

@@ -33,3 +33,29 @@ def _f(x: float | None, sign: bool = False) -> str:
     if x is None:
         return "-"
     return f"{x:+.3f}" if sign else f"{x:.3f}"
+
+
+def run_link(tracking_uri: str, experiment_id: str, run_id: str) -> str:
+    """A clickable MLflow UI link when tracking is a server; else the run id and the UI command."""
+    if tracking_uri.startswith(("http://", "https://")):
+        return f"[{run_id[:8]}]({tracking_uri.rstrip('/')}/#/experiments/{experiment_id}/runs/{run_id})"
+    return f"`{run_id}` (`mlflow ui --backend-store-uri {tracking_uri}`)"
+
+
+def post_training_markdown(*, flow_run: str, domains: list[str], validation: str, before: dict[str, float],
+                           after: dict[str, float], champion: dict[str, float] | None, champion_version: str | None,
+                           decision: str, registered: dict | None, lifecycle_link: str,
+                           stopped: str | None = None) -> str:
+    """The post-training report: the same text goes to Prefect and to MLflow."""
+    lines = [f"# post_training {flow_run}", "", f"Domains: {', '.join(domains)}", f"Lifecycle run: {lifecycle_link}", "",
+             "## Data contracts", "", validation, ""]
+    if stopped:
+        lines += ["## Stopped before training", "", stopped, "", "No training ran and no model version was registered."]
+        return "\n".join(lines)
+    lines += ["## Mean reward per domain (greedy, eval split)", "", before_after_markdown(before, after, champion), "",
+              f"Champion before this run: {'version ' + champion_version if champion_version else 'none'}", "",
+              "## Gate", "", decision, ""]
+    if registered:
+        lines += ["## Registered", "", f"`{registered['name']}` version **{registered['version']}**, alias "
+                  f"**{registered['alias']}**", ""]
+    return "\n".join(lines)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import sys
 
 
@@ -33,7 +34,8 @@ def main(argv: list[str] | None = None) -> int:
     except TemperError as e:
         print(f"temper: error: {e}", file=sys.stderr, flush=True)
         return 1
-    print("temper: result " + json.dumps(result), flush=True)
+    if os.environ.get("RANK", "0") == "0":
+        print("temper: result " + json.dumps(result), flush=True)
     return 0
 
 

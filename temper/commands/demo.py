@@ -1,47 +1,61 @@
-"""`temper demo`: as much of the lifecycle as exists, on the embedded default, end to end.
+"""`temper demo` (= `make demo`): the whole post_training flow on the embedded default.
 
-Today: generate the starter domains' datasets, validate them against their contracts
-through Great Expectations, and record the lineage (datasets with digests, report, Data
-Docs) in MLflow; then print the lineage tree read back from MLflow.
+Embedded default: Prefect's ephemeral API, MLflow in sqlite under ./.temper, the local store,
+local processes for training (2 ZeRO-3 ranks) and eval, the tiny model. Steps: generate the
+starter datasets of the chosen domains, then run flows/post_training.py end to end, then
+print the flow run, the before/after table, the registered version and its alias.
 """
 
 from __future__ import annotations
 
+import argparse
+import os
 import time
 
 
-def demo(args) -> int:
+def demo(args: argparse.Namespace) -> int:
+    # Before Prefect is imported: the ephemeral API lives under TEMPER_HOME and may start slowly on 2 busy cores.
+    from temper.settings import get_settings
+
+    settings = get_settings()
+    os.environ.setdefault("PREFECT_HOME", str((settings.home / "prefect").resolve()))
+    os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "180")
+    os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+
     from infra import lineage
     from temper.catalog import load_catalog, select_domains
     from temper.datasets import generate_domain_dataset
-    from temper.settings import get_settings
-    from temper.validation import format_report, track_validation, validate_domains
+    from temper.lifecycle import PostTrainingParams, load_params
 
-    settings = get_settings()
+    params = load_params(args.params) if args.params else PostTrainingParams()
+    if args.domain:
+        params = params.model_copy(update={"domains": args.domain})
     t0 = time.time()
     uri = lineage.configure(settings)
-    print(f"[1/4] tracking: {uri}\n      store:    {settings.resolved_storage_root}")
-    domains = select_domains(load_catalog(settings.catalog_dir), args.domain)
-    print(f"[2/4] generating {len(domains)} starter datasets")
-    for d in domains:
+    print(f"[demo] tracking {uri}\n[demo] store    {settings.resolved_storage_root}", flush=True)
+    for d in select_domains(load_catalog(settings.catalog_dir), params.domains):
         if d.dataset.generator:
             ds_uri, digest, written = generate_domain_dataset(d, settings)
-            print(f"      {'wrote' if written else 'kept '} {d.name:20s} sha256={digest[:12]} {ds_uri}")
-    print("[3/4] validating data contracts (Great Expectations)")
-    summary = validate_domains(domains, settings)
-    print("      " + format_report(summary).replace("\n", "\n      "))
-    print("[4/4] recording lineage in MLflow")
-    with lineage.lifecycle_run("demo", "demo-validate", config={"domains": [d.name for d in domains]}) as run:
-        track_validation(summary, domains, settings)
-    tree = lineage.lineage_tree(run.info.run_id)
-    print("      " + lineage.format_tree(tree).replace("\n", "\n      "))
-    print(f"done in {time.time() - t0:.1f}s. Not yet part of the demo: SFT, GRPO, eval, registry "
-          "(see the open issues).")
-    print(f"open the MLflow UI: .venv/bin/mlflow ui --backend-store-uri {uri} --port 5000")
-    return 0 if summary.success else 1
+            print(f"[demo] {'wrote' if written else 'kept '} {d.name} sha256={digest[:12]} {ds_uri}", flush=True)
+
+    from flows.post_training import post_training
+
+    state = post_training(params, return_state=True)
+    print(f"\n[demo] flow run {state.state_details.flow_run_id}: {state.name} after {time.time() - t0:.0f}s")
+    if not state.is_completed():
+        print(f"[demo] {state.message}")
+        return 1
+    result = state.result()
+    print("\n" + result["report"])
+    reg = result["registered"]
+    print(f"\n[demo] registered {reg['name']} version {reg['version']} as @{reg['alias']}")
+    print(f"[demo] open the MLflow UI on it: .venv/bin/mlflow ui --backend-store-uri {uri} --port 5000\n"
+          f"       then Models -> {reg['name']} -> Version {reg['version']}")
+    return 0
 
 
 def register(sub) -> None:
-    p = sub.add_parser("demo", help="run the lifecycle on the embedded default (what `make demo` runs)")
-    p.add_argument("--domain", action="append", default=None, metavar="NAME_OR_GLOB")
+    p = sub.add_parser("demo", help="run the post_training flow end to end on the embedded default (`make demo`)")
+    p.add_argument("--domain", action="append", default=None, metavar="NAME_OR_GLOB", help="override the domains")
+    p.add_argument("--params", default=None, help="PostTrainingParams as a YAML/JSON file")
     p.set_defaults(func=demo)

@@ -45,7 +45,8 @@ def shard_report(model) -> dict[str, int]:
 
 
 def tracking_enabled(cfg: TrainConfig, settings: Settings) -> bool:
-    return cfg.tracking and bool(settings.tracking_uri or os.environ.get("MLFLOW_TRACKING_URI"))
+    """Tracking goes to settings' resolved URI: a server, or the embedded sqlite under TEMPER_HOME."""
+    return cfg.tracking
 
 
 class TemperCallback(TrainerCallback):
@@ -77,7 +78,7 @@ class TemperCallback(TrainerCallback):
         from infra import lineage
 
         lineage.configure(self.settings)
-        mlflow.set_experiment(self.cfg.mlflow_experiment)
+        lineage.use_experiment(self.cfg.mlflow_experiment, self.settings)
         id_file = self.out / "mlflow_run_id"
         tags = {lineage.TAG_CONFIG_HASH: lineage.config_hash(self.cfg), lineage.TAG_BASE_MODEL: self.base_model}
         if id_file.exists():  # a resumed run continues the same MLflow run
@@ -135,7 +136,7 @@ class TemperCallback(TrainerCallback):
         if self.local_main and directory.is_dir():
             sampler = self.sampler_factory()
             sampler.take(state.global_step * self.cfg.prompts_per_step)
-            ckpt.write_state(directory, sampler.state_dict(), self.digests, state.global_step)
+            ckpt.write_state(directory, self.cfg, sampler.state_dict(), self.digests, state.global_step)
             uri = ckpt.sync_to_store(self.cfg, directory, self.settings)
             print(f"temper: checkpoint step {state.global_step} synced to {uri}", flush=True)
         if dist is not None:

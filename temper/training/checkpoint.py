@@ -4,11 +4,12 @@ Each folder holds the ZeRO-3 partitions, optimizer and scheduler state, every ra
 state (all written by the Trainer/DeepSpeed) plus ``temper_state.json``: the domain
 sampler's state and the sha256 of every dataset the run trains on. A restarted run with the
 same name finds its newest checkpoint (local first, then the store), and refuses to resume
-over changed data unless the config allows it.
+over changed data (unless the config allows it) or under a changed training config.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 from pathlib import Path
@@ -82,9 +83,22 @@ def sync_to_store(cfg: TrainConfig, checkpoint_dir: Path, settings: Settings | N
     return uri
 
 
-def write_state(checkpoint_dir: Path, sampler_state: dict, digests: dict[str, str], step: int) -> None:
+# Fields that may change between a run and its resume: they do not change what is trained.
+RESUMABLE_CHANGES = {"max_steps", "save_steps", "save_total_limit", "resume", "allow_dataset_change", "export",
+                     "register_as", "tracking", "log_shards", "mlflow_experiment", "output_dir", "store_uri"}
+
+
+def training_fingerprint(cfg: TrainConfig) -> str:
+    """Hash of the config fields that define the optimisation (lr, batch, model, seed, ...)."""
+    fields = cfg.model_dump(mode="json", exclude=RESUMABLE_CHANGES)
+    return hashlib.sha256(json.dumps(fields, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def write_state(checkpoint_dir: Path, cfg: TrainConfig, sampler_state: dict, digests: dict[str, str],
+                step: int) -> None:
     (checkpoint_dir / STATE_FILE).write_text(json.dumps(
-        {"step": step, "sampler": sampler_state, "digests": digests}, indent=1, sort_keys=True))
+        {"step": step, "sampler": sampler_state, "digests": digests, "fingerprint": training_fingerprint(cfg)},
+        indent=1, sort_keys=True))
 
 
 def read_state(checkpoint_dir: Path) -> dict:
@@ -94,6 +108,10 @@ def read_state(checkpoint_dir: Path) -> dict:
 def check_resume(cfg: TrainConfig, checkpoint_dir: Path, digests: dict[str, str]) -> dict:
     """The saved state, after refusing a resume over different data (unless allowed)."""
     state = read_state(checkpoint_dir)
+    if state.get("fingerprint") != training_fingerprint(cfg):
+        raise TrainingError(
+            f"run {cfg.run_name}: cannot resume from {checkpoint_dir}: the training config changed since that "
+            f"checkpoint (only {', '.join(sorted(RESUMABLE_CHANGES))} may change); use a new run_name")
     saved = state["digests"]
     changed = sorted(k for k in set(saved) | set(digests) if saved.get(k) != digests.get(k))
     if changed and not cfg.allow_dataset_change:

@@ -31,6 +31,9 @@ class TrainConfig(BaseModel):
     base_model: str = Field(description="HF causal LM folder: a local path or an fsspec URI (copied to a local cache).")
     domains: list[str] = Field(default_factory=list,
                                description="Glob patterns over catalog domain names; empty means all domains.")
+    mixing_weights: dict[str, float] = Field(default_factory=dict,
+                                             description="Per-domain sampling weight overriding the catalog's "
+                                             "sampling_ratio (domain -> weight > 0).")
     catalog_dir: str | None = Field(default=None, description="Domain catalog directory; None means settings.catalog_dir.")
     output_dir: str = Field(description="Local working directory: checkpoints, metrics.jsonl, the exported model.")
     store_uri: str | None = Field(default=None,
@@ -62,7 +65,7 @@ class TrainConfig(BaseModel):
     export: bool = Field(default=True, description="Consolidate the final weights into <output_dir>/model (safetensors).")
     register_as: str | None = Field(default=None, description="MLflow registered model name; None = log metrics only.")
     mlflow_experiment: str = Field(default="temper-train", description="MLflow experiment for metrics (when tracking is set).")
-    tracking: bool = Field(default=True, description="Log rank-0 metrics to MLflow when a tracking URI is configured.")
+    tracking: bool = Field(default=True, description="Log rank-0 metrics to MLflow (the configured server, else the embedded sqlite).")
     log_shards: bool = Field(default=True, description="Write each rank's parameter-partition sizes to shards-rank<k>.json.")
 
     @model_validator(mode="after")
@@ -70,6 +73,9 @@ class TrainConfig(BaseModel):
         if self.mode == "grpo" and (self.per_device_batch_size * self.world_size) % self.num_generations:
             raise ValueError(f"per_device_batch_size*world_size ({self.per_device_batch_size * self.world_size}) "
                              f"must be divisible by num_generations ({self.num_generations})")
+        bad = {d: w for d, w in self.mixing_weights.items() if w <= 0}
+        if bad:
+            raise ValueError(f"mixing_weights must be > 0, got {bad}")
         if not self.deepspeed and self.world_size != 1:
             raise ValueError("deepspeed=false runs a single process: set world_size: 1")
         return self

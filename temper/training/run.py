@@ -65,8 +65,12 @@ def load_domains(cfg: TrainConfig, settings: Settings) -> tuple[list[Domain], di
 
 
 def new_sampler(cfg: TrainConfig, domains: list[Domain], frames: dict[str, Any]) -> DomainMixSampler:
+    unknown = sorted(set(cfg.mixing_weights) - {d.name for d in domains})
+    if unknown:
+        raise TrainingError(f"run {cfg.run_name}: mixing_weights name domains not trained: {', '.join(unknown)}")
     return DomainMixSampler(sizes={d.name: len(frames[d.name]) for d in domains},
-                            ratios={d.name: d.sampling_ratio for d in domains}, seed=cfg.seed)
+                            ratios={d.name: cfg.mixing_weights.get(d.name, d.sampling_ratio) for d in domains},
+                            seed=cfg.seed)
 
 
 def build_stream(cfg: TrainConfig, domains: list[Domain], frames: dict[str, Any]) -> list[dict[str, str]]:

@@ -53,3 +53,30 @@ def test_sampler_refuses_state_of_other_data():
     other = DomainMixSampler(sizes={"a": 11}, ratios={"a": 1.0}, seed=0)
     with pytest.raises(ValueError, match="sizes"):
         other.load_state_dict(s.state_dict())
+
+
+def test_sampler_resumed_exactly_at_an_epoch_boundary_neither_skips_nor_repeats():
+    """Stop right after the last record of a domain epoch: the resumed sampler starts the next epoch."""
+    s = DomainMixSampler(sizes={"a": 6}, ratios={"a": 1.0}, seed=3)
+    first_epoch = s.take(6)
+    state = s.state_dict()
+    uninterrupted = s.take(6)
+    resumed = DomainMixSampler(sizes={"a": 6}, ratios={"a": 1.0}, seed=3)
+    resumed.load_state_dict(state)
+    second_epoch = resumed.take(6)
+    assert second_epoch == uninterrupted
+    assert sorted(i for _, i in first_epoch) == sorted(i for _, i in second_epoch) == list(range(6))
+    assert first_epoch != second_epoch  # reshuffled per epoch, not replayed
+
+
+def test_resume_refuses_a_changed_training_config_but_allows_more_steps(tmp_path):
+    from temper.training import checkpoint as ckpt
+    from temper.training.config import TrainingError
+
+    cfg = _cfg(mode="sft", learning_rate=1e-3)
+    ckpt.write_state(tmp_path, cfg, {}, {"a": "d1"}, step=3)
+    assert ckpt.check_resume(cfg.model_copy(update={"max_steps": 500}), tmp_path, {"a": "d1"})["step"] == 3
+    with pytest.raises(TrainingError, match="training config changed"):
+        ckpt.check_resume(cfg.model_copy(update={"learning_rate": 2e-3}), tmp_path, {"a": "d1"})
+    with pytest.raises(TrainingError, match=r"dataset changed .*a: d1 -> d2"):
+        ckpt.check_resume(cfg, tmp_path, {"a": "d2"})

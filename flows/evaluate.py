@@ -1,0 +1,44 @@
+"""evaluate: a registered model version x a set of domains, as eval jobs fanned out per domain.
+
+Results become child runs of an 'evaluate' lifecycle run and tags on the version, so a
+version evaluated on a new domain later can be compared on it.
+"""
+
+from __future__ import annotations
+
+from prefect import flow, get_run_logger, unmapped
+from prefect.artifacts import create_markdown_artifact
+
+from tasks.data import resolve_domains
+from tasks.evaluation import evaluate as evaluate_domain
+from tasks.evaluation import fetch_model, tag_version
+from temper.errors import TemperError
+from temper.lifecycle import EvaluateParams
+
+
+@flow(name="evaluate", log_prints=True)
+def evaluate(params: EvaluateParams = EvaluateParams()) -> dict:
+    from infra import lineage
+    from temper.report import before_after_markdown
+
+    logger = get_run_logger()
+    model = fetch_model(params.model_name, params.version)
+    if params.eval.domains:
+        suite = [r.name for r in resolve_domains(params.eval.domains)]
+    else:
+        suite = model["evaluated_domains"]
+    if not suite:
+        raise TemperError(f"{params.model_name}@{params.version} has no eval results yet: name the domains to evaluate")
+    lineage.configure()
+    run_id = lineage.open_run("evaluate", f"evaluate-{params.model_name}-v{model['version']}",
+                              tags={lineage.TAG_KIND: "lifecycle", "temper.model_version": model["version"]})
+    results = evaluate_domain.map(unmapped(model["model_dir"]), suite, unmapped(params.eval),
+                                  unmapped(f"v{model['version']}"), unmapped(run_id)).result()
+    tag_version(params.model_name, model["version"], results)
+    means = {r["domain"]: r["mean_reward"] for r in results}
+    markdown = (f"# evaluate {params.model_name} version {model['version']}\n\n"
+                + before_after_markdown({}, means, None))
+    create_markdown_artifact(markdown=markdown, key="evaluate-report", description="evaluate result")
+    lineage.close_run(run_id)
+    logger.info("%s v%s: %s", params.model_name, model["version"], means)
+    return {"version": model["version"], "means": means, "run_id": run_id}

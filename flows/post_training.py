@@ -1,0 +1,89 @@
+"""post_training: the lifecycle DAG of one candidate model.
+
+    resolve catalog -> validate contracts (mapped, cached by digest) -> lifecycle run
+    -> SFT (optional) -> GRPO -> eval base and candidate (mapped per domain, eval jobs)
+    -> champion lookup -> gate -> register version + alias -> report (Prefect + MLflow)
+
+A contract violation ends the flow right after validation: no training task, no model
+version, and the report says which domain broke which check. Every stage is a task over
+plain functions (tasks/, temper/), so the flow reads as the lifecycle and nothing else.
+"""
+
+from __future__ import annotations
+
+from prefect import flow, get_run_logger, unmapped
+from prefect.artifacts import create_markdown_artifact
+from prefect.runtime import flow_run
+
+from tasks.data import resolve_domains, validate_domain
+from tasks.evaluation import evaluate
+from tasks.registry import champion, close_lifecycle, gate, open_lifecycle, register
+from tasks.training import prepare_base_model, train_stage
+from temper.errors import ContractViolation
+from temper.lifecycle import PostTrainingParams
+
+REPORT_KEY = "post-training-report"
+
+
+def _means(results: list[dict]) -> dict[str, float]:
+    return {r["domain"]: r["mean_reward"] for r in results}
+
+
+def _lifecycle_link(run_id: str) -> str:
+    from mlflow.tracking import MlflowClient
+
+    from infra import lineage
+    from temper.report import run_link
+
+    uri = lineage.configure()
+    return run_link(uri, MlflowClient().get_run(run_id).info.experiment_id, run_id)
+
+
+@flow(name="post_training", log_prints=True)
+def post_training(params: PostTrainingParams = PostTrainingParams()) -> dict:
+    from temper.report import post_training_markdown, validation_markdown
+
+    logger = get_run_logger()
+    run_key = f"pt-{(flow_run.get_id() or 'local')[:8]}"
+    refs = resolve_domains(params.domains)
+    reports = validate_domain.map(refs).result()
+    domains = [r.domain for r in reports]
+    lifecycle_run_id = open_lifecycle(params, run_key, reports)
+    report = dict(flow_run=run_key, domains=domains, validation=validation_markdown(reports),
+                  lifecycle_link=_lifecycle_link(lifecycle_run_id))
+
+    failed = [r for r in reports if not r.success]
+    if failed:
+        why = "; ".join(f"{r.domain}: " + (r.error or ", ".join(f"{f.check} on {f.column}" for f in r.failures))
+                        for r in failed)
+        markdown = post_training_markdown(**report, before={}, after={}, champion=None, champion_version=None,
+                                          decision="", registered=None, stopped=f"Data contract violation: {why}")
+        create_markdown_artifact(markdown=markdown, key=REPORT_KEY, description="post_training stopped")
+        close_lifecycle(lifecycle_run_id, "FAILED", markdown)
+        raise ContractViolation(f"{len(failed)} domain(s) violate their data contract: {why}")
+
+    base = prepare_base_model(params.base_model)
+    model = base
+    if params.sft.enabled:
+        model = train_stage("sft", params, model, run_key, lifecycle_run_id)
+    model = train_stage("grpo", params, model, run_key, lifecycle_run_id)
+
+    suite = [r.name for r in resolve_domains(params.eval.domains)] if params.eval.domains else domains
+    before = evaluate.map(unmapped(base), suite, unmapped(params.eval), unmapped("base"), unmapped(lifecycle_run_id))
+    after = evaluate.map(unmapped(model), suite, unmapped(params.eval), unmapped("candidate"), unmapped(lifecycle_run_id))
+    before, after = before.result(), after.result()
+
+    champion_version, champion_means = champion(params.model_name, params.promotion.alias)
+    decision = gate(_means(after), champion_means, params.promotion)
+    registered = register(params, model, lifecycle_run_id, {r["domain"]: r for r in after}, decision)
+    logger.info("registered %s version %s as @%s: %s", registered["name"], registered["version"],
+                registered["alias"], decision.reason)
+
+    markdown = post_training_markdown(**report, before=_means(before), after=_means(after), champion=champion_means,
+                                      champion_version=champion_version, decision=decision.reason,
+                                      registered=registered)
+    create_markdown_artifact(markdown=markdown, key=REPORT_KEY, description="post_training result")
+    close_lifecycle(lifecycle_run_id, "FINISHED", markdown)
+    return {"run_key": run_key, "lifecycle_run_id": lifecycle_run_id, "before": _means(before),
+            "after": _means(after), "champion_before": champion_version, "gate": decision.model_dump(),
+            "registered": registered, "report": markdown}

@@ -1,0 +1,103 @@
+"""`temper up`: a local Prefect server, a local MLflow server, and every deployment served.
+
+    Prefect UI  http://127.0.0.1:4200   (post-training and evaluate: run from the UI form;
+                                         retrain-nightly: cron)
+    MLflow UI   http://127.0.0.1:5000
+
+Both servers keep their state under TEMPER_HOME, so `temper up` again finds the same runs
+and models. Ctrl-C stops the deployments and both servers (their whole process groups).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+
+def _start(argv: list[str], log: Path, env: dict[str, str]) -> subprocess.Popen:
+    return subprocess.Popen(argv, stdout=log.open("ab"), stderr=subprocess.STDOUT, env=env, start_new_session=True)
+
+
+def _wait_healthy(url: str, proc: subprocess.Popen, log: Path, timeout_s: float = 180) -> None:
+    import requests
+
+    from temper.errors import TemperError
+
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise TemperError(f"{proc.args[0]} exited with {proc.returncode}; see {log}")
+        try:
+            if requests.get(url, timeout=2).status_code < 500:
+                return
+        except requests.RequestException:
+            pass
+        time.sleep(0.5)
+    raise TemperError(f"{url} not healthy after {timeout_s:.0f}s; see {log}")
+
+
+def _stop(proc: subprocess.Popen) -> None:
+    try:
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(15)
+    except (ProcessLookupError, subprocess.TimeoutExpired):
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
+def up(args: argparse.Namespace) -> int:
+    from temper.settings import get_settings
+
+    settings = get_settings()
+    home = settings.home.resolve()
+    logs = home / "logs"
+    logs.mkdir(parents=True, exist_ok=True)
+    bin_dir = Path(sys.executable).parent
+    prefect_url = f"http://{args.host}:{args.prefect_port}"
+    mlflow_url = f"http://{args.host}:{args.mlflow_port}"
+    env = {**os.environ, "PREFECT_HOME": str(home / "prefect"), "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+           "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}
+    procs: list[subprocess.Popen] = []
+    try:
+        procs.append(_start([str(bin_dir / "prefect"), "server", "start", "--host", args.host,
+                             "--port", str(args.prefect_port)], logs / "prefect.log", env))
+        procs.append(_start([str(bin_dir / "mlflow"), "server", "--host", args.host, "--port", str(args.mlflow_port),
+                             "--workers", "1", "--backend-store-uri", f"sqlite:///{home / 'mlflow-server.db'}",
+                             "--artifacts-destination", str(home / "mlflow-artifacts"), "--serve-artifacts"],
+                            logs / "mlflow.log", env))
+        _wait_healthy(prefect_url + "/api/health", procs[0], logs / "prefect.log")
+        _wait_healthy(mlflow_url + "/health", procs[1], logs / "mlflow.log")
+        os.environ.update({"PREFECT_API_URL": prefect_url + "/api", "TEMPER_TRACKING_URI": mlflow_url,
+                           "PREFECT_HOME": env["PREFECT_HOME"]})
+        get_settings.cache_clear()
+        from prefect import serve
+
+        from temper.deployments import read_entries, servable
+
+        deployments = servable(read_entries())
+        print(f"Prefect UI: {prefect_url}\nMLflow UI:  {mlflow_url}\n"
+              f"serving {len(deployments)} deployments: {', '.join(d.name for d in deployments)}\n"
+              "Ctrl-C stops everything.", flush=True)
+        serve(*deployments, print_starting_message=False)
+    except KeyboardInterrupt:
+        pass
+    finally:
+        for p in reversed(procs):
+            _stop(p)
+        print("temper up: stopped Prefect and MLflow", flush=True)
+    return 0
+
+
+def register(sub) -> None:
+    p = sub.add_parser("up", help="local Prefect + MLflow servers and all deployments served (Ctrl-C stops)")
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--prefect-port", type=int, default=4200)
+    p.add_argument("--mlflow-port", type=int, default=5000)
+    p.set_defaults(func=up)

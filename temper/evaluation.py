@@ -1,0 +1,40 @@
+"""Eval results in MLflow: one 'eval' stage run per (model, domain), child of the lifecycle run.
+
+The eval job (``workloads/evaluate.py``) only computes; recording happens here, in the
+orchestrating process, so a Kubernetes eval Job needs no tracking credentials. The run
+carries the summary metrics and the per-sample rewards (``temper.registry.log_eval_samples``)
+that ``temper models compare`` bootstraps from.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+TAG_DOMAIN = "temper.domain"
+TAG_LABEL = "temper.eval.label"  # 'base' or 'candidate': which model of the run was evaluated
+
+
+def record_eval(result: dict[str, Any], label: str, parent_run_id: str, experiment: str = "post_training") -> str:
+    """Log one domain's eval result as a child run of ``parent_run_id``; returns the run id."""
+    import mlflow
+
+    from infra import lineage
+    from temper.registry import log_eval_samples
+
+    lineage.configure()
+    run_id = lineage.open_run(experiment, f"eval-{label}-{result['domain']}", parent_run_id=parent_run_id, tags={
+        lineage.TAG_KIND: "stage", lineage.TAG_STAGE: "eval", TAG_DOMAIN: result["domain"], TAG_LABEL: label,
+        lineage.TAG_SHA256: result["dataset_sha256"]})
+    with mlflow.start_run(run_id=run_id):
+        mlflow.log_params({"model": result["model"], "dataset_uri": result["dataset_uri"], "n": result["n"]})
+        mlflow.log_metrics({"mean_reward": result["mean_reward"], "pass_rate": result["pass_rate"],
+                            "scored": result["scored"], "wall_s": result["wall_s"]})
+        log_eval_samples(result["domain"], list(zip(result["ids"], result["rewards"])))
+        mlflow.log_dict({"samples": result.get("samples", [])}, f"eval/{result['domain']}-examples.json")
+    return run_id
+
+
+def summary(result: dict[str, Any]) -> dict[str, Any]:
+    """What travels on: the numbers the gate and the registry tags need (not the samples)."""
+    return {k: result[k] for k in ("domain", "mean_reward", "pass_rate", "n", "scored")} | {
+        "run_id": result.get("run_id")}
