@@ -96,10 +96,13 @@ class ClusterApi:
         """Run ``argv`` in a container over the exec websocket: (exit code or None on timeout, stdout, stderr).
 
         Closing stdin needs the v5 channel protocol (Kubernetes >= 1.30); on older servers a
-        program reading stdin to EOF waits until the timeout.
+        program reading stdin to EOF waits until the timeout (the sandbox executor reads a
+        length-prefixed request instead, so it never waits for EOF). A failure of the exec
+        itself (no such executable, container gone) raises KubernetesError with the server's words.
         """
         from kubernetes.stream import stream
-        from kubernetes.stream.ws_client import STDIN_CHANNEL
+        from kubernetes.stream.ws_client import ERROR_CHANNEL, STDIN_CHANNEL
+        from websocket import WebSocketException
 
         ws = stream(self.core.connect_get_namespaced_pod_exec, pod, namespace, container=container,
                     command=argv, stdin=stdin is not None, stdout=True, stderr=True, tty=False,
@@ -110,8 +113,30 @@ class ClusterApi:
                 ws.close_channel(STDIN_CHANNEL)
             ws.run_forever(timeout=timeout_s)
             timed_out = ws.is_open()
-            out, err = ws.read_stdout() or b"", ws.read_stderr() or b""
-            code = None if timed_out else ws.returncode
+            # timeout=0: never block on a connection that is still open (the timed-out case)
+            out, err = ws.read_stdout(timeout=0) or b"", ws.read_stderr(timeout=0) or b""
+            status = None if timed_out else ws.read_channel(ERROR_CHANNEL, timeout=0)
+        except (WebSocketException, OSError) as e:
+            raise KubernetesError(f"exec in pod {pod!r}: connection failed: {e}") from e
         finally:
             ws.close()
-        return code, bytes(out), bytes(err)
+        return (None if timed_out else exec_exit_code(status, pod)), bytes(out), bytes(err)
+
+
+def exec_exit_code(status: bytes | str | None, pod: str) -> int:
+    """The exit code from the exec status channel (a metav1.Status document).
+
+    Success -> 0; Failure/NonZeroExitCode -> the code in details.causes[ExitCode]; any other
+    Failure (executable not found, container not running) or no status at all -> KubernetesError.
+    """
+    import yaml
+
+    doc = yaml.safe_load(status) if status else None
+    doc = doc if isinstance(doc, dict) else {}
+    if doc.get("status") == "Success":
+        return 0
+    for cause in (doc.get("details") or {}).get("causes") or []:
+        if cause.get("reason") == "ExitCode":
+            return int(cause["message"])
+    message = doc.get("message")
+    raise KubernetesError(f"exec in pod {pod!r} failed: {message or 'the connection closed without an exit status'}")

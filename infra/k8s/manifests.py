@@ -29,6 +29,8 @@ SANDBOX_ROLE = "sandbox"
 QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
 COMPLETION_INDEX = "metadata.annotations['batch.kubernetes.io/job-completion-index']"
 MAIN_CONTAINER = "main"
+SANDBOX_WORK = "/work"  # the sandbox pod's writable dirs (emptyDirs); infra.sandbox.kubernetes uses them
+SANDBOX_TMP = "/tmp"
 
 
 def to_dict(obj: Any) -> dict:
@@ -259,12 +261,12 @@ def sandbox_pod_spec(name: str, command: list[str], opts: KubernetesOptions, dea
             image=image or opts.sandbox_image,
             image_pull_policy=opts.image_pull_policy,
             command=list(command),
-            working_dir="/work",
-            env=_env({"HOME": "/work", "PYTHONDONTWRITEBYTECODE": "1", **(env or {})}),
+            working_dir=SANDBOX_WORK,
+            env=_env({"HOME": SANDBOX_WORK, "PYTHONDONTWRITEBYTECODE": "1", **(env or {})}),
             resources=k.V1ResourceRequirements(requests=dict(limits), limits=dict(limits)),
             security_context=restricted_container_security(),
-            volume_mounts=[k.V1VolumeMount(name="work", mount_path="/work"),
-                           k.V1VolumeMount(name="tmp", mount_path="/tmp")],
+            volume_mounts=[k.V1VolumeMount(name="work", mount_path=SANDBOX_WORK),
+                           k.V1VolumeMount(name="tmp", mount_path=SANDBOX_TMP)],
         )],
         restart_policy="Never",
         active_deadline_seconds=int(deadline_s),

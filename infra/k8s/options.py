@@ -1,11 +1,28 @@
-"""Kubernetes-only knobs, kept out of ``JobSpec`` so the local launcher never sees them."""
+"""Kubernetes-only knobs, kept out of ``JobSpec`` so the local launcher never sees them.
+
+One cluster has one options file: the ``temper-k8s-options`` ConfigMap (k8s/base) mounts it
+into flow-run pods and ``TEMPER_K8S_OPTIONS`` points at it. ``load_options`` is the only
+reader, and ``load_yaml_model`` is the one YAML -> pydantic path every temper config file on
+the Kubernetes side goes through, so a typo fails the same way everywhere: naming the file and
+the field.
+"""
 
 from __future__ import annotations
 
 import hashlib
+import os
 import re
+from collections.abc import Mapping
+from pathlib import Path
+from typing import TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from infra.k8s.errors import KubernetesError
+
+OPTIONS_ENV = "TEMPER_K8S_OPTIONS"
+M = TypeVar("M", bound=BaseModel)
 
 
 class Toleration(BaseModel):
@@ -51,7 +68,42 @@ class KubernetesOptions(BaseModel):
     sandbox_cpu: str = Field(default="1", description="CPU limit of a sandbox pod.")
     sandbox_memory: str = Field(default="1Gi", description="Memory limit of a sandbox pod.")
     sandbox_scratch: str = Field(default="256Mi", description="Size of the sandbox's writable /work and /tmp.")
-    sandbox_image: str = Field(default="temper-workload:latest", description="Image of sandbox pods.")
+    sandbox_image: str = Field(default="temper-workload:latest", description="Image of sandbox pods (needs python3).")
+    sandbox_lifetime_s: int = Field(default=3600, ge=60,
+                                    description="Longest life of one sandbox pod (activeDeadlineSeconds): a box "
+                                    "the caller forgets to close is killed by the cluster after this.")
+    sandbox_start_timeout_s: float = Field(default=180.0, gt=0,
+                                           description="How long creating a sandbox box waits for its pod to run "
+                                           "(scheduling + image pull) before giving up and deleting it.")
+
+
+def load_yaml_model(path: str | os.PathLike, model: type[M], what: str) -> M:
+    """Read a YAML file into ``model``; KubernetesError naming the file and every bad field."""
+    try:
+        raw = yaml.safe_load(Path(path).read_text())
+    except FileNotFoundError as e:
+        raise KubernetesError(f"{what} {path}: file not found") from e
+    except yaml.YAMLError as e:
+        raise KubernetesError(f"{what} {path}: not valid YAML: {e}") from e
+    if raw is not None and not isinstance(raw, dict):
+        raise KubernetesError(f"{what} {path}: expected a mapping of fields, got {type(raw).__name__}")
+    try:
+        return model.model_validate(raw or {})
+    except ValidationError as e:
+        problems = "; ".join(f"{'.'.join(str(x) for x in err['loc']) or '(top level)'}: {err['msg']}"
+                             for err in e.errors())
+        raise KubernetesError(f"{what} {path}: {problems} ({e.error_count()} error(s))") from e
+
+
+def load_options(path: str | os.PathLike) -> KubernetesOptions:
+    """The cluster's options file (the ``options.yaml`` key of the ``temper-k8s-options`` ConfigMap)."""
+    return load_yaml_model(path, KubernetesOptions, "kubernetes options")
+
+
+def options_from_env(environ: Mapping[str, str] | None = None) -> KubernetesOptions:
+    """Options from the file ``TEMPER_K8S_OPTIONS`` names (flow-run pods), else the defaults."""
+    path = (os.environ if environ is None else environ).get(OPTIONS_ENV)
+    return load_options(path) if path else KubernetesOptions()
 
 
 _LABEL_BAD = re.compile(r"[^a-z0-9-]+")

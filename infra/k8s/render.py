@@ -5,12 +5,11 @@ from __future__ import annotations
 from pathlib import Path
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field
 
 from infra.jobspec import JobSpec
 from infra.k8s import manifests as m
-from infra.k8s.errors import KubernetesError
-from infra.k8s.options import KubernetesOptions
+from infra.k8s.options import KubernetesOptions, load_yaml_model
 
 
 class RenderConfig(BaseModel):
@@ -25,19 +24,7 @@ class RenderConfig(BaseModel):
 
 
 def load_render_config(path: Path) -> RenderConfig:
-    try:
-        raw = yaml.safe_load(Path(path).read_text())
-    except FileNotFoundError as e:
-        raise KubernetesError(f"render config {path}: file not found") from e
-    except yaml.YAMLError as e:
-        raise KubernetesError(f"render config {path}: not valid YAML: {e}") from e
-    try:
-        return RenderConfig.model_validate(raw or {})
-    except ValidationError as e:
-        first = e.errors()[0]
-        where = ".".join(str(x) for x in first["loc"])
-        raise KubernetesError(f"render config {path}: {where}: {first['msg']} "
-                              f"({e.error_count()} error(s))") from e
+    return load_yaml_model(path, RenderConfig, "render config")
 
 
 def render(cfg: RenderConfig) -> list[dict]:

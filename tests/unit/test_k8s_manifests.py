@@ -1,11 +1,11 @@
-"""Generated and static manifests validate offline (schema 1.33, strict); policies hold; the
-launcher state machine runs against a fake of the thin API layer (no API server can run here)."""
+"""Generated manifests validate offline (schema 1.33, strict) and hold their policies; the launcher
+state machine runs against a fake of the thin API layer (no API server can run here). Static
+manifests (k8s/) are tested in test_k8s_static.py, failure mapping in test_k8s_failures.py."""
 
 from pathlib import Path
 
 import kubernetes_validate
 import pytest
-import yaml
 from kubernetes import client as k
 from kubernetes.client.exceptions import ApiException
 
@@ -15,6 +15,7 @@ from infra.k8s.errors import JobFailed
 from infra.k8s.launcher import KubernetesLauncher
 from infra.k8s.options import KubernetesOptions
 from infra.k8s.render import load_render_config, render
+from tests.unit.test_k8s_static import restricted_violations
 
 ROOT = Path(__file__).resolve().parents[2]
 OPTS = KubernetesOptions(poll_interval_s=0.01, queue_name="q", runtime_class="gvisor")
@@ -30,14 +31,6 @@ def _train(**kw):
 def test_rendered_configs_validate(cfg):
     for doc in render(load_render_config(cfg)):
         kubernetes_validate.validate(doc, "1.33", strict=True)
-
-
-def test_static_manifests_validate():
-    files = [p for p in (ROOT / "k8s").rglob("*.yaml") if p.name != "kustomization.yaml"]
-    assert files
-    for p in files:
-        for doc in yaml.safe_load_all(p.read_text()):
-            kubernetes_validate.validate(doc, "1.33", strict=True)
 
 
 def test_training_job_is_gang_indexed_with_rendezvous():
@@ -62,28 +55,9 @@ def test_sandbox_pod_is_restricted():
     assert sc["capabilities"]["drop"] == ["ALL"] and sc["seccompProfile"]["type"] == "RuntimeDefault"
     assert pod["automountServiceAccountToken"] is False and pod["activeDeadlineSeconds"] == 60
     assert pod["runtimeClassName"] == "gvisor"
-    static = yaml.safe_load((ROOT / "k8s/base/networkpolicy-sandbox.yaml").read_text())
-    assert static == m.to_dict(m.sandbox_network_policy("temper"))
-
-
-def test_roles_grant_only_their_list():
-    expected = {
-        "temper-prefect-worker": {("batch", "jobs", v) for v in ("create", "get", "list", "watch", "delete")}
-        | {("", "pods", v) for v in ("get", "list", "watch")} | {("", "pods/log", "get")}
-        | {("", "events", "list"), ("", "events", "watch")},
-        "temper-flow-runner": {("batch", "jobs", v) for v in ("create", "get", "delete")}
-        | {("", "services", "create"), ("", "services", "delete")}
-        | {("", "pods", v) for v in ("create", "get", "list", "delete")} | {("", "pods/log", "get")}
-        | {("", "pods/exec", "create"), ("", "pods/exec", "get")},
-    }
-    docs = list(yaml.safe_load_all((ROOT / "k8s/base/rbac.yaml").read_text()))
-    roles = {d["metadata"]["name"]: d for d in docs if d["kind"] == "Role"}
-    assert set(roles) == set(expected)
-    for name, role in roles.items():
-        got = {(g, r, v) for rule in role["rules"] for g in rule["apiGroups"] for r in rule["resources"]
-               for v in rule["verbs"]}
-        assert got == expected[name] and role["metadata"]["namespace"] == "temper"
-    assert not [d for d in docs if d["kind"].startswith("Cluster")]
+    assert restricted_violations(pod) == []
+    mounts = {vm["mountPath"] for vm in pod["containers"][0]["volumeMounts"]}
+    assert mounts == {m.SANDBOX_WORK, m.SANDBOX_TMP} and pod["containers"][0]["workingDir"] == m.SANDBOX_WORK
 
 
 class FakeApi:
