@@ -1,0 +1,121 @@
+"""`temper models list|compare|promote|rollback`: operate the model registry by hand.
+
+Thin over ``temper.registry_ops``; the same functions back the Prefect flows in
+``flows/registry_ops.py``. Errors (unknown model/version/alias, gate says no, nothing to roll
+back to) are TemperErrors: one line on stderr, exit 1, no alias changed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+
+def _configure() -> None:
+    import os
+
+    from infra import lineage
+
+    # compare downloads per-sample rewards; MLflow's progress bars would bury the table
+    os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
+    lineage.configure()
+
+
+def _print_json(obj) -> None:
+    print(json.dumps(obj, indent=2, default=str))
+
+
+def _print_change(change, as_json: bool) -> int:
+    if as_json:
+        _print_json(change.to_dict())
+    else:
+        print(change.summary())
+    return 0
+
+
+def list_cmd(args) -> int:
+    from dataclasses import asdict
+
+    from temper import registry_ops
+
+    _configure()
+    versions = registry_ops.list_versions(args.model)
+    if args.json:
+        _print_json([asdict(v) for v in versions])
+    else:
+        print(registry_ops.format_versions(args.model, versions))
+    return 0
+
+
+def compare_cmd(args) -> int:
+    from temper import registry_ops
+
+    _configure()
+    cmp = registry_ops.compare(args.model, args.a, args.b, args.domains, log=not args.no_log, seed=args.seed)
+    if args.json:
+        _print_json(cmp.to_dict())
+    else:
+        print(registry_ops.format_comparison(cmp))
+    return 0
+
+
+def promote_cmd(args) -> int:
+    from temper import registry_ops
+    from temper.gate import PromotionPolicy
+
+    _configure()
+    policy = PromotionPolicy(min_improvement=args.min_improvement, max_regression=args.max_regression,
+                             min_reward=args.min_reward)
+    change = registry_ops.promote(args.model, args.version, reason=args.reason, alias=args.alias, force=args.force,
+                                  policy=policy)
+    return _print_change(change, args.json)
+
+
+def rollback_cmd(args) -> int:
+    from temper import registry_ops
+
+    _configure()
+    change = registry_ops.rollback(args.model, alias=args.alias, reason=args.reason)
+    return _print_change(change, args.json)
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    from temper.gate import PromotionPolicy
+
+    defaults = PromotionPolicy()
+    p = sub.add_parser("models", help="registry operations: list, compare, promote, rollback")
+    s = p.add_subparsers(dest="models_command", required=True, metavar="SUBCOMMAND")
+
+    ls = s.add_parser("list", help="versions with aliases, base model, datasets, eval summary, created time")
+    ls.add_argument("model")
+    ls.add_argument("--json", action="store_true")
+    ls.set_defaults(func=list_cmd)
+
+    c = s.add_parser("compare", help="per-domain metrics of two versions, deltas B - A, bootstrap significance")
+    c.add_argument("model")
+    c.add_argument("a", help="version number or alias (the baseline)")
+    c.add_argument("b", help="version number or alias (compared against A)")
+    c.add_argument("--domains", default=None, metavar="GLOB", help="only domains matching this glob")
+    c.add_argument("--json", action="store_true")
+    c.add_argument("--no-log", action="store_true", help="do not record the table and chart in MLflow")
+    c.add_argument("--seed", type=int, default=0, help="bootstrap seed (results are reproducible)")
+    c.set_defaults(func=compare_cmd)
+
+    pr = s.add_parser("promote", help="move an alias to a version through the gate, with an audit trail")
+    pr.add_argument("model")
+    pr.add_argument("version", help="version number (or an alias, e.g. candidate)")
+    pr.add_argument("--alias", default="champion")
+    pr.add_argument("--reason", required=True, help="why; kept in the audit trail")
+    pr.add_argument("--force", action="store_true", help="promote even if the gate says no (recorded)")
+    pr.add_argument("--min-improvement", type=float, default=defaults.min_improvement)
+    pr.add_argument("--max-regression", type=float, default=defaults.max_regression)
+    pr.add_argument("--min-reward", type=float, default=defaults.min_reward)
+    pr.add_argument("--json", action="store_true")
+    pr.set_defaults(func=promote_cmd)
+
+    rb = s.add_parser("rollback", help="move an alias back to its previous holder (from the audit trail)")
+    rb.add_argument("model")
+    rb.add_argument("--alias", default="champion")
+    rb.add_argument("--reason", default="rollback")
+    rb.add_argument("--json", action="store_true")
+    rb.set_defaults(func=rollback_cmd)

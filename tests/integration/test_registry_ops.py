@@ -1,0 +1,336 @@
+"""`temper models` and `temper lineage --format` against a real MLflow tracking server on 127.0.0.1.
+
+Versions are registered the way the post-training flow does it: a lifecycle run with the
+validated datasets, sft/grpo/eval stage runs under it (eval runs carry per-sample rewards via
+``log_eval_samples``), and a register run + ``register_version`` (version, eval tags, gate
+alias), as ``tasks.registry.register`` composes them. No training happens: the rewards are chosen, so every
+metric below is known exactly.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import uuid
+
+import pytest
+
+from temper.cli import main
+
+N = 40
+
+
+@pytest.fixture
+def tracked(temper_home, mlflow_server, monkeypatch):
+    _tracking_env(monkeypatch, mlflow_server)
+    return mlflow_server
+
+
+@pytest.fixture
+def model():
+    return f"ops-{uuid.uuid4().hex[:8]}"
+
+
+def _tracking_env(mp: pytest.MonkeyPatch, uri: str) -> None:
+    from infra import lineage
+    from temper.settings import get_settings
+
+    mp.setenv("TEMPER_TRACKING_URI", uri)
+    mp.setenv("MLFLOW_TRACKING_URI", uri)
+    get_settings.cache_clear()
+    lineage.configure()
+
+
+def rewards(passed_ids: range | list[int]) -> list[float]:
+    """N binary rewards: 1.0 on ``passed_ids``, 0.0 elsewhere (ids are 0..N-1)."""
+    ok = set(passed_ids)
+    return [1.0 if i in ok else 0.0 for i in range(N)]
+
+
+def digest(name: str) -> str:
+    return hashlib.sha256(name.encode()).hexdigest()
+
+
+def register(model: str, evals: dict[str, list[float]], *, passed: bool, samples: bool | set[str] = True,
+             unvalidated: str | None = None) -> str:
+    """One lifecycle as the flow records it; returns the version. ``passed`` = the flow gate's verdict."""
+    import mlflow
+    import pandas as pd
+
+    from infra import lineage
+    from temper.gate import GateDecision
+    from temper.registry import log_eval_samples, register_version
+
+    frame = pd.DataFrame({"prompt": ["p"], "answer": ["a"]})
+    parent = lineage.open_run("post_training", f"{model}-lifecycle", tags={
+        lineage.TAG_KIND: "lifecycle", lineage.TAG_BASE_MODEL: "tiny"})
+    with lineage.resume_run(parent):
+        for d in evals:
+            lineage.log_dataset(d, frame, f"/store/datasets/{d}.jsonl", digest(d))
+        mlflow.set_tag("temper.validation", "pass")
+    stage_tags = {lineage.TAG_KIND: "stage"}
+    for stage in ("sft", "grpo"):
+        run_id = lineage.open_run("post_training", f"{stage}-{model}", parent_run_id=parent,
+                                  tags={**stage_tags, lineage.TAG_STAGE: stage})
+        if stage == "sft" and unvalidated:
+            with mlflow.start_run(run_id=run_id):
+                lineage.log_dataset(unvalidated, frame, f"/tmp/{unvalidated}.jsonl", digest(unvalidated))
+        lineage.close_run(run_id)
+    results = {}
+    for d, rs in evals.items():
+        results[d] = {"mean_reward": sum(rs) / len(rs), "pass_rate": sum(r >= 1.0 for r in rs) / len(rs), "n": len(rs)}
+        run_id = lineage.open_run("post_training", f"eval-{d}", parent_run_id=parent,
+                                  tags={**stage_tags, lineage.TAG_STAGE: "eval", "temper.domain": d})
+        if samples is True or (samples and d in samples):
+            with mlflow.start_run(run_id=run_id):
+                log_eval_samples(d, [(f"{d}-{i}", r) for i, r in enumerate(rs)])
+        lineage.close_run(run_id)
+    # the register stage as tasks.registry.register does it (not imported: it pulls in GX, ~10 s here)
+    run_id = lineage.open_run("post_training", "register", parent_run_id=parent,
+                              tags={**stage_tags, lineage.TAG_STAGE: "register", lineage.TAG_BASE_MODEL: "tiny"})
+    with mlflow.start_run(run_id=run_id) as run:
+        mlflow.log_text("{}", "model/config.json")
+        source = f"{run.info.artifact_uri.rstrip('/')}/model"
+    out = register_version(model, source, run_id, eval_results=results,
+                           decision=GateDecision(passed=passed, reason="test gate"), alias="champion",
+                           fallback_alias="candidate",
+                           tags={lineage.TAG_BASE_MODEL: "tiny", "temper.lifecycle_run": parent})
+    lineage.close_run(parent)
+    return out["version"]
+
+
+def aliases(model: str) -> dict[str, str]:
+    from mlflow.tracking import MlflowClient
+
+    return dict(MlflowClient().get_registered_model(model).aliases)
+
+
+def cli(capsys, *argv: str) -> tuple[int, str, str]:
+    capsys.readouterr()
+    code = main(list(argv))
+    out = capsys.readouterr()
+    return code, out.out, out.err
+
+
+GOOD = {"arithmetic": rewards(range(20)), "tool_calls": rewards(range(20))}            # 0.5 / 0.5
+BETTER = {"arithmetic": rewards(range(36)), "tool_calls": rewards(range(21))}          # 0.9 / 0.525
+BEST = {"arithmetic": rewards(range(38)), "tool_calls": rewards(range(30))}            # 0.95 / 0.75
+WORSE = {"arithmetic": rewards(range(10)), "tool_calls": rewards(range(30))}           # 0.25 / 0.75
+
+
+@pytest.fixture(scope="module")
+def shared(mlflow_server):
+    """One model for the tests that only read it (compare, lineage, bad input): v1 @champion, v2, v3 @candidate."""
+    from temper.settings import get_settings
+
+    name = f"shared-{uuid.uuid4().hex[:8]}"
+    with pytest.MonkeyPatch.context() as mp:
+        _tracking_env(mp, mlflow_server)
+        register(name, {**GOOD, "invoice_extraction": rewards(range(10))}, passed=True, unvalidated="scratch")
+        register(name, {**BETTER, "invoice_extraction": rewards(range(12)), "code": rewards(range(3))}, passed=False,
+                 samples={"arithmetic", "tool_calls", "code"})  # no per-sample rewards for invoice_extraction
+        register(name, {"code": rewards(range(5))}, passed=False)
+    get_settings.cache_clear()
+    return name
+
+
+def test_promote_rollback_twice_then_nothing_left(tracked, model, capsys):
+    assert register(model, GOOD, passed=True) == "1"       # the flow's gate set @champion
+    assert register(model, BETTER, passed=False) == "2"    # -> @candidate
+    assert register(model, BEST, passed=False) == "3"      # -> @candidate
+    assert aliases(model) == {"champion": "1", "candidate": "3"}
+
+    code, out, err = cli(capsys, "models", "promote", model, "2", "--reason", "arithmetic +0.4", "--json")
+    assert code == 0, err
+    change = json.loads(out)
+    assert (change["version"], change["previous"], change["changed"]) == ("2", "1", True)
+    assert change["gate"]["passed"] is True and change["event"]["seq"] == 1
+    code, out, err = cli(capsys, "models", "promote", model, "candidate", "--reason", "best so far")
+    assert code == 0, err
+    assert out.startswith(f"{model}@champion: v2 -> v3 (promote #2); gate: pass")
+    assert aliases(model) == {"champion": "3", "candidate": "3"}
+
+    code, out, _ = cli(capsys, "models", "rollback", model, "--reason", "bad outputs in prod")
+    assert code == 0 and out.strip() == f"{model}@champion: v3 -> v2 (rollback #3)"
+    code, out, _ = cli(capsys, "models", "rollback", model)
+    assert code == 0 and out.strip() == f"{model}@champion: v2 -> v1 (rollback #4)"
+    assert aliases(model)["champion"] == "1"
+    code, _, err = cli(capsys, "models", "rollback", model)
+    assert code == 1
+    assert err.strip() == (f"temper: error: {model}@champion: no previous holder in the audit trail "
+                           f"(4 event(s); @champion is v1); nothing to roll back to")
+    assert aliases(model)["champion"] == "1"
+
+    from mlflow.tracking import MlflowClient
+
+    from temper.registry_ops import audit_trail
+
+    trail = audit_trail(model)
+    assert [(e.action, e.previous, e.version) for e in trail] == [
+        ("promote", "1", "2"), ("promote", "2", "3"), ("rollback", "3", "2"), ("rollback", "2", "1")]
+    assert trail[0].reason == "arithmetic +0.4" and trail[2].reason == "bad outputs in prod"
+    assert trail[0].time.endswith("+00:00") and not trail[0].forced
+    on_v1 = json.loads(MlflowClient().get_model_version(model, "1").tags["temper.audit.champion"])
+    assert (on_v1["action"], on_v1["seq"], on_v1["previous"]) == ("rollback", 4, "2")
+
+    code, out, _ = cli(capsys, "models", "list", model, "--json")
+    listed = {v["version"]: v for v in json.loads(out)}
+    assert list(listed) == ["1", "2", "3"]
+    assert listed["1"]["aliases"] == ["champion"] and listed["3"]["aliases"] == ["candidate"]
+    assert listed["2"]["base_model"] == "tiny" and listed["2"]["gate_passed"] == "false"
+    assert listed["2"]["evals"]["arithmetic"] == {"mean_reward": 0.9, "pass_rate": 0.9, "n": 40.0}
+    assert listed["2"]["datasets"] == [{"name": "arithmetic", "digest": digest("arithmetic")[:32]},
+                                       {"name": "tool_calls", "digest": digest("tool_calls")[:32]}]
+    assert listed["1"]["created"].endswith("+00:00")
+    code, out, _ = cli(capsys, "models", "list", model)
+    assert f"v1 @champion  created" in out and "eval tool_calls: pass_rate=0.525 mean_reward=0.525 n=40" in out
+
+
+def test_gate_blocks_promotion_until_forced(tracked, model, capsys):
+    register(model, GOOD, passed=True)
+    register(model, WORSE, passed=False)
+    code, _, err = cli(capsys, "models", "promote", model, "2", "--reason", "try")
+    assert code == 1
+    assert err.strip() == (f"temper: error: {model} v2 -> @champion blocked by the gate: arithmetic regressed by "
+                           f"0.250 (> max_regression 0.05) (@champion stays v1; --force to override)")
+    assert aliases(model)["champion"] == "1"
+    from temper.registry_ops import audit_trail
+
+    assert audit_trail(model) == []
+    # a looser policy lets it through the gate (mean +0.0: tool_calls +0.25, arithmetic -0.25) -> still a tie
+    code, _, err = cli(capsys, "models", "promote", model, "2", "--reason", "try", "--max-regression", "0.3")
+    assert code == 1 and "mean improvement +0.000 does not exceed min_improvement 0.0" in err
+    code, out, err = cli(capsys, "models", "promote", model, "2", "--reason", "hotfix", "--force")
+    assert code == 0, err
+    assert "gate: FAIL (forced): arithmetic regressed by 0.250" in out
+    assert aliases(model)["champion"] == "2"
+    assert audit_trail(model)[0].forced is True
+    code, out, _ = cli(capsys, "models", "promote", model, "2", "--reason", "again")
+    assert code == 0 and "already on v2; nothing changed" in out
+
+
+def test_bad_input_is_one_clear_line_and_changes_nothing(tracked, shared, capsys):
+    model = shared
+    cases = {
+        ("models", "promote", "no-such-model", "1", "--reason", "x"): "unknown registered model 'no-such-model'",
+        ("models", "promote", model, "9", "--reason", "x"): f"{model}: no version 9 (versions: 1, 2, 3)",
+        ("models", "promote", model, "staging", "--reason", "x"):
+            f"{model}: no alias 'staging' (aliases: candidate->v3, champion->v1)",
+        ("models", "promote", model, "2", "--reason", "  "): "a reason is required",
+        ("models", "promote", model, "2", "--reason", "x", "--alias", "v7"): f"{model}: cannot set alias 'v7' on v2",
+        ("models", "rollback", model): f"{model}@champion: no previous holder in the audit trail (0 event(s)",
+        ("models", "compare", model, "1", "3"):
+            f"{model}: v1 and v3 share no evaluated domain (v1: arithmetic, invoice_extraction, tool_calls; v3: code)",
+        ("models", "compare", model, "1", "champion", "--domains", "x*"):
+            f"{model}: no common domain of v1 and v1 matches 'x*' (common: arithmetic, invoice_extraction, tool_calls)",
+        ("models", "list", "no-such-model"): "unknown registered model 'no-such-model'",
+        ("lineage", f"{model}@nope", "--format", "mermaid"): f"{model}@nope: not found",
+    }
+    for argv, message in cases.items():
+        code, _, err = cli(capsys, *argv)
+        assert code == 1, argv
+        assert err.startswith("temper: error: ") and message in err, (argv, err)
+    assert aliases(model) == {"champion": "1", "candidate": "3"}
+    from temper.registry_ops import audit_trail
+
+    assert audit_trail(model) == []
+
+
+def test_compare_known_metrics_with_bootstrap_and_chart(tracked, shared, capsys):
+    model = shared
+    code, out, err = cli(capsys, "models", "compare", model, "champion", "2", "--json")
+    assert code == 0, err
+    cmp = json.loads(out)
+    rows = {r["domain"]: r for r in cmp["rows"]}
+    assert (cmp["a"], cmp["b"], cmp["only_a"], cmp["only_b"]) == ("1", "2", [], ["code"])
+    assert list(rows) == ["arithmetic", "invoice_extraction", "tool_calls"]
+    ar = rows["arithmetic"]
+    assert ar["delta"]["mean_reward"] == pytest.approx(0.4) and ar["delta"]["pass_rate"] == pytest.approx(0.4)
+    assert ar["a"]["n"] == ar["b"]["n"] == 40
+    iv = ar["interval"]
+    assert iv["paired"] and iv["delta"] == pytest.approx(0.4) and 0.2 < iv["lo"] < 0.4 < iv["hi"] < 0.6
+    assert ar["hint"].startswith("v2 better (95% CI [+")
+    # one extra pass out of 40: not significant; the resampled CI touches 0
+    tc = rows["tool_calls"]
+    assert tc["delta"]["mean_reward"] == pytest.approx(0.025) and tc["interval"]["lo"] == 0.0
+    assert tc["hint"].startswith("no significant difference")
+    # invoice_extraction has metrics on both versions but no per-sample rewards on v2
+    assert rows["invoice_extraction"]["interval"] is None
+    assert rows["invoice_extraction"]["hint"] == "n/a (no per-sample rewards)"
+    assert rows["invoice_extraction"]["delta"]["mean_reward"] == pytest.approx(0.05)
+
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient()
+    run = client.get_run(cmp["run_id"])
+    assert run.data.tags["temper.stage"] == "compare" and run.data.tags["temper.compare.b"] == "2"
+    paths = {f.path: f.file_size for f in client.list_artifacts(cmp["run_id"], "compare")}
+    assert set(paths) == {"compare/chart.png", "compare/comparison.json"} and paths["compare/chart.png"] > 5000
+
+    code, out, _ = cli(capsys, "models", "compare", model, "1", "2", "--domains", "arith*", "--no-log")
+    lines = out.splitlines()
+    assert code == 0 and len(lines) == 4  # header, column names, one row, "only in v2"
+    assert lines[2].split()[:8] == ["arithmetic", "0.500", "->", "0.900", "(+0.400)", "0.500", "->", "0.900"]
+    assert "40/40" in lines[2] and "v2 better" in lines[2] and lines[3] == "only in v2 (not compared): code"
+
+
+def test_lineage_graph_formats_and_artifacts(tracked, shared, tmp_path, capsys):
+    model = shared
+    code, out, err = cli(capsys, "lineage", f"{model}@champion", "--format", "mermaid")
+    assert code == 0, err
+    assert out.startswith("flowchart LR\n")
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient()
+    mv = client.get_model_version_by_alias(model, "champion")
+    artifacts = {f.path for f in client.list_artifacts(mv.run_id, "lineage")}
+    assert artifacts == {"lineage/graph.json", "lineage/graph.mmd", "lineage/graph.dot"}
+    assert f"attached to run {mv.run_id}" in err
+    with open(client.download_artifacts(mv.run_id, "lineage/graph.json", str(tmp_path))) as f:
+        graph = json.load(f)
+    label = {n["id"]: f"{n['kind']}:{n['label']}" for n in graph["nodes"]}
+    edges = {(label[e["src"]], label[e["dst"]]) for e in graph["edges"]}
+    domains = ("arithmetic", "invoice_extraction", "tool_calls")
+    assert edges == {
+        *((f"dataset:{d}", "validation:contract validation") for d in domains),
+        ("dataset:scratch", "sft:SFT run"),
+        ("validation:contract validation", "sft:SFT run"),
+        ("sft:SFT run", "grpo:GRPO run"),
+        *(("grpo:GRPO run", f"eval:eval {d}") for d in domains),
+        *((f"eval:eval {d}", f"model_version:{model} v1") for d in domains),
+        (f"model_version:{model} v1", "alias:@champion"),
+    }
+    detail = {label[n["id"]]: n["detail"] for n in graph["nodes"]}
+    assert detail["dataset:arithmetic"] == f"digest {digest('arithmetic')[:12]}"
+    assert detail["dataset:scratch"] == f"digest {digest('scratch')[:12]} (not validated)"
+    assert detail["validation:contract validation"].startswith("pass, lifecycle run ")
+    assert detail["eval:eval arithmetic"].startswith("mean_reward=0.500 pass_rate=0.500 n=40 run ")
+    assert detail["eval:eval invoice_extraction"].startswith("mean_reward=0.250 pass_rate=0.250 n=40 run ")
+    assert detail[f"model_version:{model} v1"] == f"base tiny run {mv.run_id[:8]}"
+    for e in graph["edges"]:
+        assert f"  {e['src']} --> {e['dst']}" in out
+
+    code, out, _ = cli(capsys, "lineage", f"{model}/1", "--format", "dot", "--no-attach")
+    assert code == 0 and out.startswith("digraph lineage {") and out.count(" -> ") == len(graph["edges"]) == 13
+    png = tmp_path / "g.png"
+    code, out, _ = cli(capsys, "lineage", f"{model}@champion", "--format", "png", "--out", str(png))
+    assert code == 0 and png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert "lineage/graph.png" in {f.path for f in client.list_artifacts(mv.run_id, "lineage")}
+    code, out, _ = cli(capsys, "lineage", f"{model}@champion")  # the text tree is unchanged
+    assert code == 0 and out.startswith(f"model {model} v1 aliases=champion\n  produced by run register")
+
+
+@pytest.mark.slow  # a Prefect server (~20 s to start here), shared with the other flow tests in a full run
+def test_promote_and_rollback_flows(tracked, model, prefect_api):
+    from flows.registry_ops import promote_model, rollback_model
+    from temper.registry_ops import PromoteParams, RollbackParams
+
+    register(model, GOOD, passed=True)
+    register(model, BETTER, passed=False)
+    result = promote_model(PromoteParams(model_name=model, version="2", reason="from the UI"))
+    assert (result["previous"], result["version"], result["event"]["reason"]) == ("1", "2", "from the UI")
+    state = rollback_model(RollbackParams(model_name=model), return_state=True)
+    assert state.is_completed() and aliases(model)["champion"] == "1"
+    state = rollback_model(RollbackParams(model_name=model), return_state=True)
+    assert state.is_failed() and "no previous holder" in str(state.message)
+    assert aliases(model)["champion"] == "1"
