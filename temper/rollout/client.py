@@ -1,0 +1,163 @@
+"""One rollout client for both backends: the official ``openai`` package against an OpenAI-compatible server.
+
+``RolloutSettings.backend`` picks the server: ``vllm`` -> the vLLM Service at ``base_url``;
+``embedded`` -> ``base_url`` of a running ``temper serve``, or (no base_url) the engine started
+in this process on 127.0.0.1. Everything after that is the same HTTP client, so eval and GRPO
+code never branch on the backend.
+
+For eval: ``generate(prompts, max_tokens, temperature=0)`` -> one greedy completion per prompt.
+For GRPO: ``generate(prompts, max_tokens, temperature=1.0, n=G)`` -> a group of G per prompt (one
+request per prompt with ``n``, so the server prefills the prompt once and decodes the group as a
+batch). For agents: ``ChatPolicy`` is a ``temper.agent.Policy`` whose episode is one growing chat,
+so each turn reuses the KV of the turns before it.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures as cf
+import threading
+from dataclasses import dataclass
+from typing import Any
+
+from temper.rollout.config import RolloutSettings
+
+
+@dataclass(frozen=True)
+class Completion:
+    text: str
+    finish_reason: str | None
+    prompt_tokens: int  # of the request this completion came from (shared by its n samples)
+    completion_tokens: int  # summed over the request's n samples
+    cached_tokens: int
+
+
+class RolloutClient:
+    def __init__(self, settings: RolloutSettings | None = None, **overrides: Any) -> None:
+        from openai import OpenAI
+
+        self.settings = settings or RolloutSettings(**overrides)
+        self._server = None
+        base_url = self.settings.base_url
+        if base_url is None:
+            from temper.rollout.engine import Engine
+            from temper.rollout.server import EmbeddedServer
+
+            self._server = EmbeddedServer(Engine(self.settings.engine_config()))
+            base_url = self._server.start()
+        self.base_url = base_url
+        self.openai = OpenAI(base_url=base_url, api_key=self.settings.api_key, timeout=self.settings.timeout_s,
+                             max_retries=self.settings.max_retries)
+
+    # -- completions -----------------------------------------------------------------------------
+    def complete(self, prompt: str, *, max_tokens: int, temperature: float, n: int = 1, top_p: float = 1.0,
+                 stop: list[str] | None = None, seed: int | None = None) -> list[Completion]:
+        r = self.openai.completions.create(model=self.settings.model, prompt=prompt, max_tokens=max_tokens,
+                                           temperature=temperature, n=n, top_p=top_p, stop=stop or None, seed=seed)
+        return _choices(r, lambda c: c.text)
+
+    def generate(self, prompts: list[str], max_tokens: int = 256, temperature: float = 1.0, *, n: int = 1,
+                 top_p: float = 1.0, stop: list[str] | None = None, seed: int | None = None) -> list[list[Completion]]:
+        """``n`` completions per prompt, in prompt order; up to ``settings.concurrency`` requests in flight."""
+        return self._map(lambda p: self.complete(p, max_tokens=max_tokens, temperature=temperature, n=n, top_p=top_p,
+                                                 stop=stop, seed=seed), prompts)
+
+    def chat_one(self, messages: list[dict[str, str]], *, max_tokens: int, temperature: float, n: int = 1,
+                 top_p: float = 1.0, stop: list[str] | None = None, seed: int | None = None) -> list[Completion]:
+        r = self.openai.chat.completions.create(model=self.settings.model, messages=messages, max_tokens=max_tokens,
+                                                temperature=temperature, n=n, top_p=top_p, stop=stop or None,
+                                                seed=seed)
+        return _choices(r, lambda c: c.message.content or "")
+
+    def chat(self, conversations: list[list[dict[str, str]]], max_tokens: int = 256, temperature: float = 1.0, *,
+             n: int = 1, top_p: float = 1.0, stop: list[str] | None = None,
+             seed: int | None = None) -> list[list[Completion]]:
+        return self._map(lambda m: self.chat_one(m, max_tokens=max_tokens, temperature=temperature, n=n, top_p=top_p,
+                                                 stop=stop, seed=seed), conversations)
+
+    def _map(self, fn, items: list) -> list:
+        if len(items) <= 1:
+            return [fn(x) for x in items]
+        with cf.ThreadPoolExecutor(max_workers=min(self.settings.concurrency, len(items))) as pool:
+            return list(pool.map(fn, items))
+
+    # -- lifecycle -------------------------------------------------------------------------------
+    def close(self) -> None:
+        self.openai.close()
+        if self._server is not None:
+            self._server.stop()
+            self._server = None
+
+    def __enter__(self) -> RolloutClient:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def _choices(response, text_of) -> list[Completion]:
+    u = response.usage
+    details = getattr(u, "prompt_tokens_details", None) if u else None
+    cached = (getattr(details, "cached_tokens", None) or 0) if details else 0
+    ordered = sorted(response.choices, key=lambda c: c.index)
+    return [Completion(text_of(c), c.finish_reason, u.prompt_tokens if u else 0, u.completion_tokens if u else 0,
+                       cached) for c in ordered]
+
+
+_default: RolloutClient | None = None
+_default_lock = threading.Lock()
+
+
+def default_client() -> RolloutClient:
+    """The process-wide client built from ``TEMPER_ROLLOUT_*`` settings (started on first use)."""
+    global _default
+    with _default_lock:
+        if _default is None:
+            _default = RolloutClient(RolloutSettings())
+        return _default
+
+
+def generate(prompts: list[str], max_tokens: int = 256, temperature: float = 1.0, *, n: int = 1, top_p: float = 1.0,
+             stop: list[str] | None = None, seed: int | None = None,
+             client: RolloutClient | None = None) -> list[list[Completion]]:
+    """Completions for eval (``temperature=0``) and GRPO groups (``n=G``) from the configured backend."""
+    return (client or default_client()).generate(prompts, max_tokens, temperature, n=n, top_p=top_p, stop=stop,
+                                                 seed=seed)
+
+
+def chat(conversations: list[list[dict[str, str]]], max_tokens: int = 256, temperature: float = 1.0, *, n: int = 1,
+         top_p: float = 1.0, stop: list[str] | None = None, seed: int | None = None,
+         client: RolloutClient | None = None) -> list[list[Completion]]:
+    return (client or default_client()).chat(conversations, max_tokens, temperature, n=n, top_p=top_p, stop=stop,
+                                             seed=seed)
+
+
+class ChatPolicy:
+    """A ``temper.agent.Policy`` served by the rollout backend.
+
+    The episode is one chat: [system], user: instruction, then (assistant: action, user: observation)
+    per turn, so every request extends the previous one and the server's prefix cache holds its
+    history. The reply is the next command; an empty reply or ``stop_word`` ends the episode.
+    """
+
+    def __init__(self, client: RolloutClient | None = None, *, system_prompt: str | None = None,
+                 max_tokens: int = 128, temperature: float = 0.0, stop_word: str = "DONE",
+                 stop: list[str] | None = None) -> None:
+        self.client, self.system_prompt = client, system_prompt
+        self.max_tokens, self.temperature, self.stop_word, self.stop = max_tokens, temperature, stop_word, stop
+        self.instruction: str | None = None
+
+    def messages(self, observation: str, history: list) -> list[dict[str, str]]:
+        if not history:
+            self.instruction = observation
+        msgs = [{"role": "system", "content": self.system_prompt}] if self.system_prompt else []
+        msgs.append({"role": "user", "content": self.instruction if self.instruction is not None else observation})
+        for turn in history:
+            msgs.append({"role": "assistant", "content": turn.action})
+            msgs.append({"role": "user", "content": turn.observation})
+        return msgs
+
+    def __call__(self, observation: str, history: list) -> str | None:
+        client = self.client or default_client()
+        reply = client.chat_one(self.messages(observation, history), max_tokens=self.max_tokens,
+                                temperature=self.temperature, stop=self.stop)[0].text.strip()
+        return None if not reply or reply == self.stop_word else reply

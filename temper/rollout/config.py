@@ -1,0 +1,152 @@
+"""Typed configuration of the rollout engine, its lanes, the fast profile and the backend choice.
+
+Two layers: ``EngineConfig`` (what the embedded engine does: lanes, prefix-cache budget, chunk
+sizes) and ``RolloutSettings`` (where rollouts go: the embedded engine or a vLLM server at
+``base_url``). Both are pydantic so a bad value fails at load time with the field's name, not in
+the middle of a GRPO step.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+MIB = 1024 * 1024
+
+
+class LaneConfig(BaseModel):
+    """One request lane. A request goes to the first lane whose ``max_prompt_tokens`` it fits."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: str = Field(description="Lane name; appears in 413/429 error bodies and the step log.")
+    max_prompt_tokens: int = Field(gt=0, description="Longest prompt (tokens) this lane accepts.")
+    max_queued: int = Field(default=64, ge=1, description="Requests waiting in this lane before 429.")
+    max_running: int = Field(default=8, ge=1, description="Requests of this lane in prefill/decode at once.")
+    prefill_chunk_tokens: int = Field(
+        default=256, ge=1,
+        description="Prompt tokens this lane prefills per scheduler step (chunked prefill budget).")
+    time_share: float = Field(
+        default=1.0, gt=0, le=1,
+        description="Largest fraction of the engine's compute time this lane may take while another lane "
+                    "also has work; 1.0 = unlimited (the latency-critical lane).")
+
+
+def default_lanes() -> list[LaneConfig]:
+    return [
+        LaneConfig(name="short", max_prompt_tokens=2048, max_queued=256, max_running=16, prefill_chunk_tokens=512),
+        LaneConfig(name="long", max_prompt_tokens=1 << 20, max_queued=16, max_running=2, prefill_chunk_tokens=64,
+                   time_share=0.1),
+    ]
+
+
+class PrefixCacheConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    enabled: bool = True
+    budget_bytes: int = Field(default=256 * MIB, ge=0, description="Most bytes of K/V the prefix cache keeps.")
+    cache_completions: bool = Field(
+        default=True, description="Also keep prompt+completion KV so the next turn of an episode is not re-encoded.")
+
+
+class SpeculativeConfig(BaseModel):
+    """The fast profile: transformers assisted generation with a small draft model."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    draft_dir: Path | None = Field(
+        default=None, description="HF folder of the draft model (same tokenizer as the target); None with "
+                                  "quantize_draft means an int8 copy of the target.")
+    quantize_draft: bool = Field(default=False, description="int8 dynamic-quantize the draft's Linear layers (CPU).")
+    num_assistant_tokens: int = Field(default=5, ge=1, description="Draft tokens proposed per verification.")
+    tokens_per_turn: int = Field(
+        default=16, ge=1, description="Tokens one request generates per scheduler turn before yielding.")
+    verify: bool = Field(
+        default=True,
+        description="Verify draft tokens with the target (lossless). False serves the draft's own tokens, a lossy "
+                    "path that exists so the parity gate is exercised against a real diverging variant.")
+
+    @model_validator(mode="after")
+    def _check(self) -> SpeculativeConfig:
+        if self.draft_dir is None and not self.quantize_draft:
+            raise ValueError("speculative needs draft_dir, or quantize_draft for an int8 copy of the target")
+        return self
+
+
+class EngineConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    model_dir: Path = Field(description="HF folder of the target model and its tokenizer.")
+    served_model_name: str = Field(default="temper", description="The `model` name clients send.")
+    profile: Literal["standard", "fast"] = "standard"
+    speculative: SpeculativeConfig | None = Field(default=None, description="Required for profile 'fast'.")
+    lanes: list[LaneConfig] = Field(default_factory=default_lanes, min_length=1)
+    prefix_cache: PrefixCacheConfig = Field(default_factory=PrefixCacheConfig)
+    max_context_tokens: int | None = Field(
+        default=None, description="Prompt + completion limit; None means the model's max_position_embeddings.")
+    torch_threads: int | None = Field(
+        default=None, description="Set torch's intra-op threads (process-wide!) when the engine starts; None = leave.")
+    dtype: Literal["float32", "bfloat16"] = "float32"
+    step_log_size: int = Field(default=10_000, ge=0, description="Scheduler steps kept in the in-memory step log.")
+
+    @model_validator(mode="after")
+    def _check(self) -> EngineConfig:
+        if self.profile == "fast" and self.speculative is None:
+            raise ValueError("profile 'fast' needs a speculative config (draft_dir or quantize_draft)")
+        names = [lane.name for lane in self.lanes]
+        if len(set(names)) != len(names):
+            raise ValueError(f"lane names must be unique, got {names}")
+        limits = [lane.max_prompt_tokens for lane in self.lanes]
+        if limits != sorted(limits):
+            raise ValueError("lanes must be ordered by max_prompt_tokens (shortest first)")
+        return self
+
+
+class RolloutSettings(BaseSettings):
+    """Where rollouts are generated. Env prefix ``TEMPER_ROLLOUT_`` or a YAML ``rollout:`` section."""
+
+    model_config = SettingsConfigDict(env_prefix="TEMPER_ROLLOUT_", extra="ignore")
+
+    backend: Literal["embedded", "vllm"] = Field(
+        default="embedded", description="'embedded': the transformers engine in this repo; 'vllm': a vLLM server.")
+    base_url: str | None = Field(
+        default=None,
+        description="OpenAI-compatible base URL ending in /v1. Required for vllm; for embedded, None starts the "
+                    "engine in-process on 127.0.0.1 and points the client at it.")
+    model: str = Field(default="temper", description="Served model name (vLLM: --served-model-name).")
+    api_key: str = Field(default="EMPTY", description="Bearer token; vLLM --api-key, ignored by the embedded server.")
+    model_dir: Path | None = Field(default=None, description="Embedded backend: model folder to load.")
+    profile: Literal["standard", "fast"] = "standard"
+    draft_dir: Path | None = Field(default=None, description="Embedded fast profile: the draft model folder.")
+    timeout_s: float = Field(default=600.0, gt=0, description="Per-request HTTP timeout.")
+    max_retries: int = Field(default=4, ge=0, description="openai client retries (429s back off and retry).")
+    concurrency: int = Field(default=8, ge=1, description="Requests the client keeps in flight.")
+
+    @model_validator(mode="after")
+    def _check(self) -> RolloutSettings:
+        if self.backend == "vllm" and not self.base_url:
+            raise ValueError("backend 'vllm' needs base_url (e.g. http://vllm.temper.svc:8000/v1)")
+        if self.backend == "embedded" and not self.base_url and self.model_dir is None:
+            raise ValueError("backend 'embedded' needs model_dir (or base_url of a running `temper serve`)")
+        if self.profile == "fast" and self.backend == "embedded" and not self.base_url and self.draft_dir is None:
+            raise ValueError("profile 'fast' needs draft_dir")
+        return self
+
+    @classmethod
+    def from_yaml(cls, path: str | Path) -> RolloutSettings:
+        """Read the ``rollout:`` section of a YAML file (values come from the file alone, not the environment)."""
+        import yaml
+
+        raw = yaml.safe_load(Path(path).read_text()) or {}
+        return cls.model_validate(raw.get("rollout", raw))
+
+    def engine_config(self, **overrides) -> EngineConfig:
+        """The embedded engine this setting asks for."""
+        if self.model_dir is None:
+            raise ValueError("engine_config needs model_dir")
+        spec = SpeculativeConfig(draft_dir=self.draft_dir) if self.profile == "fast" and self.draft_dir else None
+        return EngineConfig(model_dir=self.model_dir, served_model_name=self.model, profile=self.profile,
+                            speculative=spec, **overrides)

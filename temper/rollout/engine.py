@@ -1,0 +1,418 @@
+"""The embedded rollout engine: one transformers model, a scheduler loop, chunked prefill, prefix KV reuse.
+
+A request's life: admission (lane, 413/429) -> queued -> prefill (prefix-cache hit, then the rest of
+the prompt in chunks of the lane's token budget, one chunk per scheduler step, interleaved with the
+decode steps of other requests) -> decode (the ``n`` samples of the request decode as one batch of
+rows sharing the prompt's KV: a GRPO group costs one prefill and ``max_tokens`` batched forwards) ->
+done. The prompt's KV, and each finished sample's prompt+completion KV, go into the prefix cache,
+so the next request sharing a system prompt / document / group prompt / episode history skips it.
+
+Threading: ``submit`` may be called from any thread; every forward runs on the engine's own thread
+(``start()``) or, without a thread, on the caller of ``step()`` / ``run_until_idle()`` (tests,
+benchmarks). Outputs go to a per-request ``sink`` callable, called on the engine thread.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from temper.rollout.config import EngineConfig
+from temper.rollout.decoding import SampleText, SamplingParams, StopChecker, next_tokens
+from temper.rollout.errors import EngineClosed
+from temper.rollout.kv_cache import PrefixKVCache, cache_from, kv_of
+from temper.rollout.scheduler import Lane, Scheduler, StepEvent
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Delta:
+    """New output of one sample: text that may be shown now, the new token ids, the finish reason once done."""
+
+    request_id: str
+    index: int
+    text: str
+    token_ids: list[int]
+    finish_reason: str | None = None
+
+
+@dataclass(frozen=True)
+class Finished:
+    request_id: str
+    prompt_tokens: int
+    completion_tokens: int
+    cached_tokens: int
+    error: str | None = None
+
+
+Event = Delta | Finished
+Sink = Callable[[Event], None]
+
+
+@dataclass(eq=False)
+class EngineRequest:
+    id: str
+    prompt: list[int]
+    params: SamplingParams
+    sink: Sink
+    lane: str = ""
+    state: str = "queued"  # queued | prefill | decode | done
+    prefilled: int = 0
+    cached_tokens: int = 0
+    cache: Any = None  # standard profile: DynamicCache with one row per active sample
+    samples: list[SampleText] = field(default_factory=list)
+    active: list[int] = field(default_factory=list)  # sample indices still decoding, in cache-row order
+    extra: dict[str, Any] = field(default_factory=dict)  # per-profile state (the fast profile's caches)
+    generator: torch.Generator | None = None
+    stopper: StopChecker | None = None
+    cancelled: bool = False
+    submitted_at: float = field(default_factory=time.perf_counter)
+    first_token_at: float | None = None
+
+
+@dataclass
+class RequestResult:
+    prompt_tokens: int
+    cached_tokens: int
+    samples: list[SampleText]
+    ttft_s: float | None
+    latency_s: float
+    error: str | None = None
+
+    @property
+    def texts(self) -> list[str]:
+        return [s.text for s in self.samples]
+
+    @property
+    def token_ids(self) -> list[list[int]]:
+        return [s.token_ids for s in self.samples]
+
+
+class Engine:
+    def __init__(self, config: EngineConfig, model=None, tokenizer=None, draft=None) -> None:
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        self.config = config
+        if config.torch_threads:
+            torch.set_num_threads(config.torch_threads)
+        dtype = getattr(torch, config.dtype)
+        self.model = model if model is not None else AutoModelForCausalLM.from_pretrained(config.model_dir, dtype=dtype)
+        self.model.eval()
+        self.tokenizer = tokenizer if tokenizer is not None else AutoTokenizer.from_pretrained(config.model_dir)
+        _require_full_attention(self.model)
+        self.context = config.max_context_tokens or int(self.model.config.max_position_embeddings)
+        self.eos_ids = _eos_ids(self.model, self.tokenizer)
+        self.scheduler = Scheduler(config.lanes, self.context)
+        pc = config.prefix_cache
+        self.prefix_cache = PrefixKVCache(pc.budget_bytes) if pc.enabled else None
+        if config.profile == "fast":
+            from temper.rollout.fast import SpeculativeDecoder
+
+            self.decoder = SpeculativeDecoder(self, config.speculative, draft)
+        else:
+            self.decoder = StandardDecoder(self)
+        self.step_log: deque[StepEvent] = deque(maxlen=config.step_log_size)
+        self.steps = 0
+        self.counters = {"prefill_tokens": 0, "decode_tokens": 0, "requests": 0, "errors": 0}
+        self._ids = itertools.count()
+        self._lock = threading.RLock()
+        self._wake = threading.Condition(self._lock)
+        self._thread: threading.Thread | None = None
+        self._closed = False
+
+    # -- tokenization ----------------------------------------------------------------------------
+    def encode(self, text: str) -> list[int]:
+        return self.tokenizer(text, add_special_tokens=True)["input_ids"]
+
+    def encode_chat(self, messages: list[dict[str, str]]) -> list[int]:
+        text = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+        return self.tokenizer(text, add_special_tokens=False)["input_ids"]
+
+    # -- submission ------------------------------------------------------------------------------
+    def submit(self, prompts: list[list[int]], params: SamplingParams, sinks: list[Sink]) -> list[EngineRequest]:
+        """Admit one request per prompt, all or none (raises PromptTooLong / QueueFull / EngineClosed)."""
+        if self._closed:
+            raise EngineClosed("the engine is shut down", {"name": "closed"})
+        reqs = [EngineRequest(id=f"req-{next(self._ids)}", prompt=list(p), params=params, sink=s)
+                for p, s in zip(prompts, sinks, strict=True)]
+        if not reqs:
+            raise ValueError("no prompt given")
+        vocab = int(self.model.config.vocab_size)
+        for r in reqs:
+            if not r.prompt:
+                raise ValueError("empty prompt")
+            if min(r.prompt) < 0 or max(r.prompt) >= vocab:
+                raise ValueError(f"prompt token ids must be in [0, {vocab})")
+        with self._lock:
+            self.scheduler.admit([(r, len(r.prompt), params.max_tokens) for r in reqs])
+            self.counters["requests"] += len(reqs)
+            self._wake.notify_all()
+        return reqs
+
+    def cancel(self, req: EngineRequest) -> None:
+        """Stop a request (client went away): a queued one leaves now, a running one at the next step."""
+        req.cancelled = True
+        with self._lock:
+            if req.state == "queued":
+                self._finish(req, error="cancelled")
+            self._wake.notify_all()
+
+    # -- the scheduler loop ----------------------------------------------------------------------
+    def step(self) -> int:
+        """One scheduler iteration. Returns the number of work units run (0 = nothing to do)."""
+        with self._lock:
+            for req in self.scheduler.promote():
+                self._begin(req)
+            lanes = self.scheduler.lanes_to_run()
+            work = [(lane, list(lane.running)) for lane in lanes]
+        units = 0
+        for lane, reqs in work:
+            t0 = time.perf_counter()
+            units += self._run_lane(lane, reqs)
+            with self._lock:
+                self.scheduler.charge(lane, time.perf_counter() - t0)
+        self.steps += 1
+        return units
+
+    def run_until_idle(self, max_steps: int = 1_000_000) -> None:
+        for _ in range(max_steps):
+            if not self.scheduler.has_work:
+                return
+            self.step()
+        raise RuntimeError(f"engine still busy after {max_steps} steps")
+
+    def start(self) -> Engine:
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._loop, name="rollout-engine", daemon=True)
+            self._thread.start()
+        return self
+
+    def close(self) -> None:
+        with self._lock:
+            self._closed = True
+            self._wake.notify_all()
+        if self._thread is not None:
+            self._thread.join(timeout=30)
+            self._thread = None
+        with self._lock:
+            for lane in self.scheduler.lanes:
+                for req in list(lane.queue) + list(lane.running):
+                    self._finish(req, error="engine shut down")
+
+    def _loop(self) -> None:
+        while True:
+            with self._lock:
+                while not self._closed and not self.scheduler.has_work:
+                    self._wake.wait(timeout=1.0)
+                if self._closed:
+                    return
+            try:
+                self.step()
+            except Exception:  # a bug in the loop must not kill serving silently
+                log.exception("rollout engine step failed")
+                time.sleep(0.1)
+
+    # -- convenience: blocking generation --------------------------------------------------------
+    def generate(self, prompts: list[list[int]] | list[str], params: SamplingParams,
+                 timeout_s: float | None = None) -> list[RequestResult]:
+        """Submit every prompt, wait for all; steps the engine itself when no thread runs it."""
+        ids = [self.encode(p) if isinstance(p, str) else p for p in prompts]
+        collected: list[dict[str, Any]] = [{"done": threading.Event(), "finished": None} for _ in ids]
+
+        def sink_for(slot: dict[str, Any]) -> Sink:
+            def sink(ev: Event) -> None:
+                if isinstance(ev, Finished):
+                    slot["finished"] = ev
+                    slot["done"].set()
+            return sink
+
+        reqs = self.submit(ids, params, [sink_for(c) for c in collected])
+        if self._thread is None:
+            self.run_until_idle()
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        out = []
+        for req, slot in zip(reqs, collected):
+            left = None if deadline is None else max(0.0, deadline - time.monotonic())
+            if not slot["done"].wait(left):
+                raise TimeoutError(f"{req.id} not finished after {timeout_s}s")
+            fin: Finished = slot["finished"]
+            ttft = None if req.first_token_at is None else req.first_token_at - req.submitted_at
+            out.append(RequestResult(len(req.prompt), fin.cached_tokens, req.samples, ttft,
+                                     req.extra.get("finished_at", time.perf_counter()) - req.submitted_at, fin.error))
+        return out
+
+    # -- internals -------------------------------------------------------------------------------
+    def _begin(self, req: EngineRequest) -> None:
+        p = req.params
+        req.generator = None if p.greedy else torch.Generator().manual_seed(
+            p.seed if p.seed is not None else int(torch.randint(0, 2**62, (1,)).item()))
+        req.stopper = StopChecker(self.tokenizer, self.eos_ids, p, len(req.prompt), self.context)
+        req.samples = [SampleText(i) for i in range(p.n)]
+        req.state = "prefill" if self.decoder.needs_prefill else "decode"
+        if req.state == "decode":
+            self.decoder.begin(req, None)
+
+    def _run_lane(self, lane: Lane, reqs: list[EngineRequest]) -> int:
+        budget = lane.config.prefill_chunk_tokens
+        units = 0
+        for req in reqs:
+            if req.cancelled:
+                with self._lock:
+                    self._finish(req, error="cancelled")
+                continue
+            try:
+                if req.state == "prefill":
+                    if budget <= 0:
+                        continue
+                    budget -= self._prefill_chunk(req, budget)
+                elif req.state == "decode":
+                    self.decoder.step(req)
+                units += 1
+            except Exception as e:
+                log.exception("request %s failed", req.id)
+                self.counters["errors"] += 1
+                with self._lock:
+                    self._finish(req, error=f"{type(e).__name__}: {e}")
+                continue
+            if req.state == "decode" and not req.active:
+                with self._lock:
+                    self._finish(req)
+        return units
+
+    @torch.no_grad()
+    def _prefill_chunk(self, req: EngineRequest, budget: int) -> int:
+        if req.cache is None:
+            hit = self.prefix_cache.match(req.prompt, max_length=len(req.prompt) - 1) if self.prefix_cache else None
+            req.cache = cache_from(hit.kv if hit else None, self.model.config,
+                                   reserve=len(req.prompt) + min(req.params.max_tokens, 512))
+            req.prefilled = req.cached_tokens = hit.length if hit else 0
+        n = min(budget, len(req.prompt) - req.prefilled)
+        lo = req.prefilled
+        out = self.model(input_ids=torch.tensor([req.prompt[lo:lo + n]]), cache=req.cache,
+                         position_ids=torch.arange(lo, lo + n).unsqueeze(0), use_cache=True, logits_to_keep=1)
+        req.prefilled += n
+        self.counters["prefill_tokens"] += n
+        self._log(req, "prefill", n, f"{req.prefilled}/{len(req.prompt)}")
+        if req.prefilled == len(req.prompt):
+            if self.prefix_cache is not None:
+                self.prefix_cache.insert(req.prompt, kv_of(req.cache, 0))
+            req.state = "decode"
+            self.decoder.begin(req, out.logits[:, -1])
+        return n
+
+    def _finish(self, req: EngineRequest, error: str | None = None) -> None:
+        """Remove from its lane and tell the sink; called with the lock held."""
+        if req.state == "done":
+            return
+        self.scheduler.remove(req)
+        req.state = "done"
+        req.cache = None
+        req.extra.pop("caches", None)
+        req.extra["finished_at"] = time.perf_counter()
+        for s in req.samples:
+            if s.finish_reason is None:
+                s.finish_reason = "abort" if error else "stop"
+        self._log(req, "finish", 0, error or "")
+        req.sink(Finished(req.id, len(req.prompt), sum(len(s.token_ids) for s in req.samples), req.cached_tokens,
+                          error))
+
+    def _log(self, req: EngineRequest, kind: str, tokens: int, detail: str = "") -> None:
+        self.step_log.append(StepEvent(self.steps, req.lane, req.id, kind, tokens, detail))
+
+    def accept(self, req: EngineRequest, index: int, tokens: list[int]) -> None:
+        """Append tokens to sample ``index`` (stopping at its finish), and stream what can be shown."""
+        sample = req.samples[index]
+        new: list[int] = []
+        for tok in tokens:
+            req.stopper.append(sample, tok)
+            new.append(tok)
+            if sample.finished:
+                break
+        if req.first_token_at is None and new:
+            req.first_token_at = time.perf_counter()
+        self.counters["decode_tokens"] += len(new)
+        text = req.stopper.take_delta(sample)
+        if text or new:
+            req.sink(Delta(req.id, index, text, new, sample.finish_reason))
+
+    def cache_completion(self, req: EngineRequest, index: int, kv) -> None:
+        """Keep prompt + completion KV of a finished sample for the next turn of its episode."""
+        if self.prefix_cache is None or not self.config.prefix_cache.cache_completions:
+            return
+        length = kv[0][0].shape[-2]
+        tokens = (req.prompt + req.samples[index].token_ids)[:length]
+        if len(tokens) > len(req.prompt):
+            self.prefix_cache.insert(tokens, kv)
+
+    def stats(self) -> dict[str, Any]:
+        with self._lock:
+            return {"steps": self.steps, **self.counters, "lanes": self.scheduler.depth(),
+                    "prefix_cache": self.prefix_cache.stats() if self.prefix_cache else None,
+                    "profile": self.config.profile}
+
+
+class StandardDecoder:
+    """All samples of a request decode together: one forward per step over ``len(active)`` rows."""
+
+    needs_prefill = True
+
+    def __init__(self, engine: Engine) -> None:
+        self.engine = engine
+
+    def begin(self, req: EngineRequest, logits: torch.Tensor) -> None:
+        n = req.params.n
+        if n > 1:
+            req.cache.batch_repeat_interleave(n)
+        req.active = list(range(n))
+        self._advance(req, next_tokens(logits.expand(n, -1), req.params, req.generator).tolist())
+
+    @torch.no_grad()
+    def step(self, req: EngineRequest) -> None:
+        e = self.engine
+        rows = len(req.active)
+        last = torch.tensor([[req.samples[i].token_ids[-1]] for i in req.active])
+        pos = torch.full((rows, 1), req.cache.get_seq_length())
+        out = e.model(input_ids=last, cache=req.cache, position_ids=pos, use_cache=True)
+        e._log(req, "decode", rows)
+        self._advance(req, next_tokens(out.logits[:, -1], req.params, req.generator).tolist())
+
+    def _advance(self, req: EngineRequest, tokens: list[int]) -> None:
+        keep = []
+        for row, (index, tok) in enumerate(zip(req.active, tokens)):
+            self.engine.accept(req, index, [tok])
+            if req.samples[index].finished:
+                self.engine.cache_completion(req, index, kv_of(req.cache, row))
+            else:
+                keep.append(row)
+        if len(keep) < len(req.active):
+            if keep:
+                req.cache.batch_select_indices(torch.tensor(keep))
+            req.active = [req.active[r] for r in keep]
+
+
+def _eos_ids(model, tokenizer) -> set[int]:
+    ids = model.generation_config.eos_token_id
+    out = set(ids if isinstance(ids, list) else [ids] if ids is not None else [])
+    if tokenizer.eos_token_id is not None:
+        out.add(tokenizer.eos_token_id)
+    return out
+
+
+def _require_full_attention(model) -> None:
+    from transformers import DynamicCache
+    from transformers.cache_utils import DynamicLayer
+
+    layers = DynamicCache(config=model.config).layers
+    odd = {type(layer).__name__ for layer in layers if type(layer) is not DynamicLayer}
+    if odd:
+        raise ValueError(f"the rollout engine's prefix cache supports full-attention models only; this model "
+                         f"uses {sorted(odd)}")

@@ -1,0 +1,92 @@
+"""The fast profile (speculative decoding) and its parity gate: an honest draft passes with identical greedy
+output and a recorded speed-up; a variant whose output differs (draft tokens served unverified) is blocked,
+and registering it never sets the serving alias."""
+
+import pytest
+import torch
+
+from temper.rollout.config import EngineConfig, LaneConfig, SpeculativeConfig
+from temper.rollout.engine import Engine
+from temper.rollout.fast import derive_layer_draft
+from temper.rollout.parity import ParityFailed, parity_gate, register_serving_profiles, require_parity
+from temper.training.tiny import init_tiny
+
+PROMPTS = [f"user: what is {i} * {i + 2}?\nassistant: " for i in range(4)]
+LANES = [LaneConfig(name="short", max_prompt_tokens=512)]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_torch_thread():
+    """One intra-op thread on a shared 2-core machine; restored for whatever runs after this module."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory):
+    root = tmp_path_factory.mktemp("fast")
+    target = init_tiny(root / "target", hidden=64, layers=2, seed=3)
+    return target, derive_layer_draft(target, root / "draft", keep_layers=1)
+
+
+@pytest.fixture(scope="module")
+def standard(models):
+    return Engine(EngineConfig(model_dir=models[0], lanes=LANES))
+
+
+def fast_engine(standard, draft_dir, verify=True):
+    cfg = standard.config.model_copy(update={"profile": "fast", "speculative": SpeculativeConfig(
+        draft_dir=draft_dir, num_assistant_tokens=4, tokens_per_turn=8, verify=verify)})
+    return Engine(cfg, model=standard.model, tokenizer=standard.tokenizer)
+
+
+def test_derived_draft_is_the_target_with_fewer_layers(models, standard):
+    fast = fast_engine(standard, models[1])
+    draft = fast.decoder.draft
+    assert draft.config.num_hidden_layers == 1
+    assert (draft.model.embed_tokens.weight == standard.model.model.embed_tokens.weight).all()
+
+
+def test_parity_gate_passes_the_honest_draft_and_records_the_speedup(models, standard):
+    report = parity_gate(standard, fast_engine(standard, models[1]), PROMPTS, max_tokens=16)
+    assert report.passed, report.reason
+    assert report.mismatches == [] and report.tokens == 16 * len(PROMPTS)
+    assert report.speedup > 0 and report.standard_s > 0 and report.fast_s > 0
+    assert require_parity(report) is report
+
+
+def test_parity_gate_blocks_a_variant_that_diverges(models, standard):
+    report = parity_gate(standard, fast_engine(standard, models[1], verify=False), PROMPTS, max_tokens=16)
+    assert not report.passed and report.mismatches
+    assert "diverge" in report.reason
+    with pytest.raises(ParityFailed):
+        require_parity(report)
+
+
+def test_both_profiles_are_registered_and_a_blocked_fast_one_gets_no_serving_alias(models, standard, temper_home):
+    from mlflow.exceptions import MlflowException
+    from mlflow.tracking import MlflowClient
+
+    from infra.lineage import configure
+
+    configure()
+    ok = parity_gate(standard, fast_engine(standard, models[1]), PROMPTS[:2], max_tokens=8)
+    out = register_serving_profiles("policy", str(models[0]), ok, draft=str(models[1]))
+    client = MlflowClient()
+    std = client.get_model_version_by_alias("policy", "serving-standard")
+    fast = client.get_model_version_by_alias("policy", "serving-fast")
+    assert std.tags["temper.serving.profile"] == "standard" and fast.tags["temper.serving.profile"] == "fast"
+    assert fast.tags["temper.parity.passed"] == "true" and float(fast.tags["temper.parity.speedup"]) > 0
+    assert out["fast"]["version"] == fast.version
+
+    bad = parity_gate(standard, fast_engine(standard, models[1], verify=False), PROMPTS[:2], max_tokens=8)
+    with pytest.raises(ParityFailed, match="not served"):
+        register_serving_profiles("policy", str(models[0]), bad, draft=str(models[1]))
+    still = client.get_model_version_by_alias("policy", "serving-fast")
+    assert still.version == fast.version  # the serving alias did not move to the diverging variant
+    blocked = client.get_model_version_by_alias("policy", "serving-fast-blocked")
+    assert blocked.tags["temper.parity.passed"] == "false" and int(blocked.tags["temper.parity.mismatches"]) > 0
+    with pytest.raises(MlflowException):
+        client.get_model_version_by_alias("policy", "serving-nonexistent")
