@@ -1,0 +1,203 @@
+"""The Prefect UI as a person uses it: headless Chromium starts a post-training run.
+
+A real `prefect server start` (it serves the UI), the `post-training` deployment of
+prefect.yaml served from a subprocess with small parameters (ui_serve_deployment.py), and
+Playwright driving Debian's /usr/bin/chromium: deployments page -> post-training -> Run ->
+Quick run -> View run. The run must reach Completed, both in the API and on the flow-run
+page of the UI. On failure a screenshot and the server logs land in the test's tmp dir.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import requests
+
+from tests.integration.conftest import BIN, _wait_http, free_port
+
+CHROMIUM = Path("/usr/bin/chromium")
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parent.parent
+MODEL = "temper-ui-test"
+SMALL = {"model_name": MODEL, "domains": ["arithmetic", "multiplication"], "sft": {"max_steps": 10},
+         "grpo": {"max_steps": 2}, "eval": {"limit": 8}}
+DEPLOYMENT_TIMEOUT_S = 120  # serve process up and the deployment registered
+RUN_TIMEOUT_S = 300  # the flow run from the click to a final state
+UI_TIMEOUT_MS = 30_000  # one UI step (page load, element visible)
+
+pytestmark = [pytest.mark.slow,
+              pytest.mark.skipif(not CHROMIUM.exists(), reason="needs Debian's chromium at /usr/bin/chromium "
+                                                               "(scripts/system-deps.sh installs it)")]
+
+
+def _log_tail(path: Path, n: int = 3000) -> str:
+    return f"--- {path.name} ---\n" + (path.read_text(errors="replace")[-n:] if path.exists() else "(none)")
+
+
+def _stop(proc: subprocess.Popen) -> None:
+    """SIGTERM, then SIGKILL, to the whole session (flow-run and training children too)."""
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        try:
+            os.killpg(proc.pid, sig)
+            proc.wait(15)
+            return
+        except ProcessLookupError:
+            return
+        except subprocess.TimeoutExpired:
+            continue
+
+
+@pytest.fixture
+def prefect_server(tmp_path):
+    """`prefect server start` with its own PREFECT_HOME; yields (API URL, base env, log)."""
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    home = tmp_path / "prefect-home"
+    home.mkdir()
+    env = {**os.environ, "PREFECT_HOME": str(home), "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+           "PREFECT_API_URL": f"{url}/api", "PREFECT_UI_API_URL": f"{url}/api", "PREFECT_UI_URL": url,
+           "PREFECT_SERVER_UI_SHOW_PROMOTIONAL_CONTENT": "false", "DO_NOT_TRACK": "1",
+           "PREFECT_LOCAL_STORAGE_PATH": str(tmp_path / "prefect-results")}
+    log = tmp_path / "prefect-server.log"
+    proc = subprocess.Popen([str(BIN / "prefect"), "server", "start", "--host", "127.0.0.1", "--port", str(port)],
+                            stdout=log.open("w"), stderr=subprocess.STDOUT, env=env, start_new_session=True)
+    try:
+        _wait_http(f"{url}/api/health", proc, 180, log)
+        yield f"{url}/api", env, log
+    finally:
+        _stop(proc)
+
+
+@pytest.fixture
+def served_deployment(temper_home, mlflow_server, prefect_server, tmp_path):
+    """Datasets generated, then the post-training deployment served; yields (API URL, serve log, server log)."""
+    api, env, server_log = prefect_server
+    env = {**env, "TEMPER_HOME": os.environ["TEMPER_HOME"], "TEMPER_CATALOG_DIR": os.environ["TEMPER_CATALOG_DIR"],
+           "TEMPER_TRACKING_URI": mlflow_server, "TEMPER_PREFECT_API_URL": api,
+           "PREFECT_RUNNER_POLL_FREQUENCY": "2"}
+    gen = subprocess.run([str(BIN / "temper"), "data", "generate", "--domain", "arithmetic",
+                          "--domain", "multiplication"], env=env, cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert gen.returncode == 0, gen.stdout + gen.stderr
+    log = tmp_path / "serve.log"
+    proc = subprocess.Popen([sys.executable, str(HERE / "ui_serve_deployment.py"), json.dumps(SMALL)],
+                            stdout=log.open("w"), stderr=subprocess.STDOUT, env=env, cwd=REPO,
+                            start_new_session=True)
+    try:
+        yield api, log, server_log, proc
+    finally:
+        _stop(proc)
+
+
+def _prefect(api: str, coro_fn):
+    """coro_fn(client) against this test's server, whatever Prefect settings the session has active."""
+    from prefect.client.orchestration import get_client
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
+    async def go():
+        async with get_client() as client:
+            return await coro_fn(client)
+
+    def run() -> object:
+        with temporary_settings({PREFECT_API_URL: api}):
+            return asyncio.run(go())
+
+    # Playwright's sync API keeps an event loop running in this thread: use a fresh one.
+    with concurrent.futures.ThreadPoolExecutor(max_workers=1) as pool:
+        return pool.submit(run).result()
+
+
+def _wait_deployment(api: str, proc: subprocess.Popen, log: Path):
+    from prefect.exceptions import ObjectNotFound
+
+    async def read(client):
+        try:
+            return await client.read_deployment_by_name("post_training/post-training")
+        except ObjectNotFound:
+            return None
+
+    deadline = time.monotonic() + DEPLOYMENT_TIMEOUT_S
+    while time.monotonic() < deadline:
+        assert proc.poll() is None, f"serve process exited with {proc.returncode}\n{_log_tail(log)}"
+        deployment = _prefect(api, read)
+        if deployment is not None:
+            return deployment
+        time.sleep(1)
+    pytest.fail(f"deployment post_training/post-training not registered after {DEPLOYMENT_TIMEOUT_S}s\n"
+                f"{_log_tail(log)}")
+
+
+def _wait_final(api: str, flow_run_id: str, proc: subprocess.Popen, log: Path):
+    deadline = time.monotonic() + RUN_TIMEOUT_S
+    while time.monotonic() < deadline:
+        flow_run = _prefect(api, lambda c: c.read_flow_run(flow_run_id))
+        if flow_run.state is not None and flow_run.state.is_final():
+            return flow_run
+        assert proc.poll() is None, f"serve process exited with {proc.returncode}\n{_log_tail(log)}"
+        time.sleep(2)
+    pytest.fail(f"flow run {flow_run_id} not finished after {RUN_TIMEOUT_S}s: {flow_run.state}\n{_log_tail(log)}")
+
+
+def test_quick_run_of_post_training_from_the_ui_completes(served_deployment, tmp_path):
+    from playwright.sync_api import expect, sync_playwright
+    from prefect.client.schemas.filters import DeploymentFilter, DeploymentFilterId
+
+    api, serve_log, server_log, serve_proc = served_deployment
+    ui = api.removesuffix("/api")
+    deployment = _wait_deployment(api, serve_proc, serve_log)
+
+    with sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=str(CHROMIUM), headless=True,
+                                     args=["--no-sandbox", "--disable-dev-shm-usage", "--disable-gpu"])
+        page = browser.new_page(viewport={"width": 1400, "height": 1000})
+        page.set_default_timeout(UI_TIMEOUT_MS)
+        try:
+            page.goto(f"{ui}/deployments", wait_until="domcontentloaded")
+            link = page.get_by_role("link", name="post-training", exact=True)
+            expect(link).to_be_visible()
+            link.click()
+            page.wait_for_url(re.compile(rf"/deployments/deployment/{deployment.id}"))
+            run_button = page.locator("button.run-menu__run-button")
+            expect(run_button).to_be_enabled()
+            run_button.click()
+            page.get_by_text("Quick run", exact=True).click()
+            # Prefect's UI mounts its toast app twice: two identical toasts, stacked, the later
+            # one on top (it takes the pointer). They leave after 5 s: read the name, click at once.
+            toast = page.locator(".toast-flow-run-create").filter(visible=True).last
+            expect(toast).to_contain_text("scheduled to start now", timeout=5_000)
+            run_name = toast.locator(".toast-flow-run-create__message--emphasized").first.inner_text()
+            toast.get_by_role("button", name="View run").click()
+            page.wait_for_url(re.compile(r"/runs/flow-run/[0-9a-f-]{36}"))
+            flow_run_id = re.search(r"/flow-run/([0-9a-f-]{36})", page.url).group(1)
+
+            flow_run = _wait_final(api, flow_run_id, serve_proc, serve_log)
+            assert str(flow_run.deployment_id) == str(deployment.id)
+            assert flow_run.parameters["params"]["model_name"] == MODEL  # the deployment's small defaults
+            assert flow_run.state.is_completed(), f"{flow_run.state}\n{_log_tail(serve_log)}"
+            runs = _prefect(api, lambda c: c.read_flow_runs(
+                deployment_filter=DeploymentFilter(id=DeploymentFilterId(any_=[deployment.id]))))
+            assert [str(r.id) for r in runs] == [flow_run_id]  # one click, one run
+
+            page.reload(wait_until="domcontentloaded")  # the heading polls only every 30 s
+            badge = page.locator(".page-heading-flow-run .state-badge")
+            expect(badge).to_have_text("Completed")
+            expect(badge).to_have_class(re.compile(r"state--completed"))
+            assert run_name == flow_run.name
+            expect(page.locator(".page-heading-flow-run")).to_contain_text(flow_run.name)
+        except BaseException:
+            shot = tmp_path / "ui-failure.png"
+            page.screenshot(path=str(shot), full_page=True)
+            (tmp_path / "ui-failure.html").write_text(page.content())
+            print(f"screenshot: {shot}\n{_log_tail(serve_log)}\n{_log_tail(server_log)}", file=sys.stderr)
+            raise
+        finally:
+            browser.close()
