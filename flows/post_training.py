@@ -15,7 +15,7 @@ from prefect import flow, get_run_logger, unmapped
 from prefect.artifacts import create_markdown_artifact
 from prefect.runtime import flow_run
 
-from tasks.data import resolve_domains, validate_domain
+from tasks.data import calibration_gate, resolve_domains, validate_domain
 from tasks.evaluation import evaluate
 from tasks.registry import champion, close_lifecycle, gate, open_lifecycle, register
 from tasks.training import prepare_base_model, train_stage
@@ -45,11 +45,15 @@ def post_training(params: PostTrainingParams = PostTrainingParams()) -> dict:
 
     logger = get_run_logger()
     run_key = f"pt-{(flow_run.get_id() or 'local')[:8]}"
-    refs = resolve_domains(params.domains)
+    refs, _, uncalibrated = calibration_gate(resolve_domains(params.domains))
+    for name, reason in uncalibrated.items():
+        logger.warning("domain %s %s", name, reason)
     reports = validate_domain.map(refs).result()
     domains = [r.domain for r in reports]
     lifecycle_run_id = open_lifecycle(params, run_key, reports)
-    report = dict(flow_run=run_key, domains=domains, validation=validation_markdown(reports),
+    validation = validation_markdown(reports) + "".join(
+        f"\n\nJudge domain {n} {why}" for n, why in uncalibrated.items())
+    report = dict(flow_run=run_key, domains=domains, validation=validation,
                   lifecycle_link=_lifecycle_link(lifecycle_run_id))
 
     failed = [r for r in reports if not r.success]

@@ -61,3 +61,26 @@ def validate_domain(ref: DomainRef, catalog_dir: str | None = None) -> DomainRep
     domain = load_catalog(catalog_dir or settings.catalog_dir)[ref.name]
     contract = load_contracts(settings.resolved_contracts_dir).get(domain.contract)
     return run(domain, contract, GXRunner(), settings)
+
+
+@task(retries=2, retry_delay_seconds=[2, 10])
+def calibration_gate(refs: list[DomainRef], catalog_dir: str | None = None) -> tuple[list[DomainRef], dict[str, float], dict[str, str]]:
+    """Judge-scored domains whose judge is not calibrated against humans are excluded or down-weighted.
+
+    Returns (domains kept, sampling weights of the kept ones, domain -> reason it was flagged).
+    No MLflow call at all when no selected domain is judge-scored.
+    """
+    from infra import lineage
+    from temper.catalog import load_catalog
+    from temper.judges.calibration import CalibrationPolicy, apply_calibration_gate, calibration_status
+    from temper.settings import get_settings
+
+    catalog = load_catalog(catalog_dir or get_settings().catalog_dir)
+    domains = [catalog[r.name] for r in refs]
+    judged = [d.name for d in domains if d.verifier.family == "judge"]
+    statuses = {}
+    if judged:
+        lineage.configure()
+        statuses = calibration_status(judged)
+    weights, flagged = apply_calibration_gate(domains, statuses, CalibrationPolicy())
+    return [r for r in refs if r.name in weights], weights, flagged

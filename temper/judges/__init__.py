@@ -1,0 +1,1 @@
+"""Judges for open-ended domains: rubric scoring, its cache, and calibration against humans."""
