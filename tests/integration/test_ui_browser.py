@@ -9,8 +9,6 @@ page of the UI. On failure a screenshot and the server logs land in the test's t
 
 from __future__ import annotations
 
-import asyncio
-import concurrent.futures
 import json
 import os
 import re
@@ -21,7 +19,6 @@ import time
 from pathlib import Path
 
 import pytest
-import requests
 
 from tests.integration.conftest import BIN, _wait_http, free_port
 
@@ -29,8 +26,10 @@ CHROMIUM = Path("/usr/bin/chromium")
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent.parent
 MODEL = "temper-ui-test"
+# Small enough for about a minute of training and eval; one rank (no DeepSpeed launch): the
+# two-rank ZeRO-3 path is test_flow_post_training's, this test is about the UI driving a run.
 SMALL = {"model_name": MODEL, "domains": ["arithmetic", "multiplication"], "sft": {"max_steps": 10},
-         "grpo": {"max_steps": 2}, "eval": {"limit": 8}}
+         "grpo": {"max_steps": 2}, "eval": {"limit": 8}, "world_size": 1}
 DEPLOYMENT_TIMEOUT_S = 120  # serve process up and the deployment registered
 RUN_TIMEOUT_S = 300  # the flow run from the click to a final state
 UI_TIMEOUT_MS = 30_000  # one UI step (page load, element visible)
@@ -80,7 +79,10 @@ def prefect_server(tmp_path):
 
 @pytest.fixture
 def served_deployment(temper_home, mlflow_server, prefect_server, tmp_path):
-    """Datasets generated, then the post-training deployment served; yields (API URL, serve log, server log)."""
+    """Datasets generated, then the post-training deployment served.
+
+    Yields (API URL, serve log, server log, serve process).
+    """
     api, env, server_log = prefect_server
     env = {**env, "TEMPER_HOME": os.environ["TEMPER_HOME"], "TEMPER_CATALOG_DIR": os.environ["TEMPER_CATALOG_DIR"],
            "TEMPER_TRACKING_URI": mlflow_server, "TEMPER_PREFECT_API_URL": api,
@@ -98,30 +100,24 @@ def served_deployment(temper_home, mlflow_server, prefect_server, tmp_path):
         _stop(proc)
 
 
-def _prefect(api: str, coro_fn):
-    """coro_fn(client) against this test's server, whatever Prefect settings the session has active."""
+def _prefect(api: str, fn):
+    """fn(client) against this test's server, whatever Prefect settings the session has active.
+
+    The sync client: Playwright's sync API keeps an event loop running in this thread.
+    """
     from prefect.client.orchestration import get_client
     from prefect.settings import PREFECT_API_URL, temporary_settings
 
-    async def go():
-        async with get_client() as client:
-            return await coro_fn(client)
-
-    def run() -> object:
-        with temporary_settings({PREFECT_API_URL: api}):
-            return asyncio.run(go())
-
-    # Playwright's sync API keeps an event loop running in this thread: use a fresh one.
-    with concurrent.futures.ThreadPoolExecutor(max_workers=1) as pool:
-        return pool.submit(run).result()
+    with temporary_settings({PREFECT_API_URL: api}), get_client(sync_client=True) as client:
+        return fn(client)
 
 
 def _wait_deployment(api: str, proc: subprocess.Popen, log: Path):
     from prefect.exceptions import ObjectNotFound
 
-    async def read(client):
+    def read(client):
         try:
-            return await client.read_deployment_by_name("post_training/post-training")
+            return client.read_deployment_by_name("post_training/post-training")
         except ObjectNotFound:
             return None
 
@@ -195,8 +191,11 @@ def test_quick_run_of_post_training_from_the_ui_completes(served_deployment, tmp
             expect(page.locator(".page-heading-flow-run")).to_contain_text(flow_run.name)
         except BaseException:
             shot = tmp_path / "ui-failure.png"
-            page.screenshot(path=str(shot), full_page=True)
-            (tmp_path / "ui-failure.html").write_text(page.content())
+            try:
+                page.screenshot(path=str(shot), full_page=True)
+                (tmp_path / "ui-failure.html").write_text(page.content())
+            except Exception as e:  # a crashed browser must not hide the failure itself
+                shot = f"(none: {e})"
             print(f"screenshot: {shot}\n{_log_tail(serve_log)}\n{_log_tail(server_log)}", file=sys.stderr)
             raise
         finally:
