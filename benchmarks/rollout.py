@@ -142,8 +142,9 @@ def bench_lanes(model_dir: Path, short_prompts: list[str], long_prompt: list[int
         long_done: list[int] = []
         try:
             _short_latencies(e, short_prompts[:4], max_tokens, 4)  # warm-up
-            half = len(short_prompts) // 2
-            for part in (short_prompts[:half], short_prompts[half:]):  # interleaved rounds: machine drift hits both
+            rounds = 4
+            parts = [short_prompts[i::rounds] for i in range(rounds)]
+            for part in parts:  # interleaved rounds, so drift in the machine's load hits both conditions
                 alone_lat += _short_latencies(e, part, max_tokens, 4)
                 stop = threading.Event()
 
@@ -267,6 +268,9 @@ def main() -> int:
     from temper.training.tiny import init_tiny
 
     q = args.quick
+    import os
+
+    print(f"load average before: {os.getloadavg()[0]:.1f} (2 cores; other jobs share them)", flush=True)
     with tempfile.TemporaryDirectory() as d:
         root = Path(d)
         model = init_tiny(root / "bench", hidden=128, layers=4, heads=4, max_positions=8192, seed=0)
@@ -285,6 +289,7 @@ def main() -> int:
         print("5. fast profile", flush=True)
         bench_fast(root, [f"user: what is {i} * {i + 3}?\nassistant: " for i in range(2 if q else 4)],
                    max_tokens=16 if q else 32, hidden=256 if q else 512, layers=8)
+    print(f"load average after: {os.getloadavg()[0]:.1f}")
     widths = [max(len(r[i]) for r in ROWS + [("measure", "baseline", "variant", "ratio", "goal")]) for i in range(5)]
     line = " | ".join(h.ljust(w) for h, w in zip(("measure", "baseline", "variant", "ratio", "goal"), widths))
     print("\n" + line + "\n" + "-" * len(line))

@@ -15,6 +15,12 @@ def run(args) -> int:
     from temper.errors import TemperError, describe_validation_error
     from temper.rollout.config import MIB, EngineConfig, PrefixCacheConfig, SpeculativeConfig
 
+    from pathlib import Path
+
+    for flag, folder in (("--model", args.model), ("--draft", None if args.draft in (None, "int8") else args.draft)):
+        if folder is not None and not (Path(folder) / "config.json").is_file():
+            raise TemperError(f"serve: {flag} {folder} is not a model folder (no config.json); models are never "
+                              f"downloaded here")
     try:
         spec = None
         if args.profile == "fast":

@@ -29,6 +29,9 @@ class Completion:
     prompt_tokens: int  # of the request this completion came from (shared by its n samples)
     completion_tokens: int  # summed over the request's n samples
     cached_tokens: int
+    token_ids: list[int] | None = None  # with return_token_ids (embedded server, vLLM >= 0.10.2)
+    prompt_token_ids: list[int] | None = None
+    logprobs: list[float] | None = None  # with logprobs=True: each sampled token's log-probability
 
 
 class RolloutClient:
@@ -49,17 +52,24 @@ class RolloutClient:
                              max_retries=self.settings.max_retries)
 
     # -- completions -----------------------------------------------------------------------------
-    def complete(self, prompt: str, *, max_tokens: int, temperature: float, n: int = 1, top_p: float = 1.0,
-                 stop: list[str] | None = None, seed: int | None = None) -> list[Completion]:
-        r = self.openai.completions.create(model=self.settings.model, prompt=prompt, max_tokens=max_tokens,
-                                           temperature=temperature, n=n, top_p=top_p, stop=stop or None, seed=seed)
-        return _choices(r, lambda c: c.text)
+    def complete(self, prompt: str | list[int], *, max_tokens: int, temperature: float, n: int = 1,
+                 top_p: float = 1.0, stop: list[str] | None = None, seed: int | None = None,
+                 logprobs: bool = False, return_token_ids: bool = False) -> list[Completion]:
+        r = self.openai.completions.create(
+            model=self.settings.model, prompt=prompt, max_tokens=max_tokens, temperature=temperature, n=n,
+            top_p=top_p, stop=stop or None, seed=seed, logprobs=0 if logprobs else None,
+            extra_body={"return_token_ids": True} if return_token_ids else None)
+        return _choices(r, lambda c: c.text,
+                        lambda c: c.logprobs.token_logprobs if c.logprobs is not None else None)
 
-    def generate(self, prompts: list[str], max_tokens: int = 256, temperature: float = 1.0, *, n: int = 1,
-                 top_p: float = 1.0, stop: list[str] | None = None, seed: int | None = None) -> list[list[Completion]]:
-        """``n`` completions per prompt, in prompt order; up to ``settings.concurrency`` requests in flight."""
+    def generate(self, prompts: list[str] | list[list[int]], max_tokens: int = 256, temperature: float = 1.0, *,
+                 n: int = 1, top_p: float = 1.0, stop: list[str] | None = None, seed: int | None = None,
+                 logprobs: bool = False, return_token_ids: bool = False) -> list[list[Completion]]:
+        """``n`` completions per prompt (text or token ids), in prompt order; up to ``settings.concurrency``
+        requests in flight."""
         return self._map(lambda p: self.complete(p, max_tokens=max_tokens, temperature=temperature, n=n, top_p=top_p,
-                                                 stop=stop, seed=seed), prompts)
+                                                 stop=stop, seed=seed, logprobs=logprobs,
+                                                 return_token_ids=return_token_ids), prompts)
 
     def chat_one(self, messages: list[dict[str, str]], *, max_tokens: int, temperature: float, n: int = 1,
                  top_p: float = 1.0, stop: list[str] | None = None, seed: int | None = None) -> list[Completion]:
@@ -94,13 +104,45 @@ class RolloutClient:
         self.close()
 
 
-def _choices(response, text_of) -> list[Completion]:
+def _choices(response, text_of, logprobs_of=lambda c: None) -> list[Completion]:
     u = response.usage
     details = getattr(u, "prompt_tokens_details", None) if u else None
     cached = (getattr(details, "cached_tokens", None) or 0) if details else 0
     ordered = sorted(response.choices, key=lambda c: c.index)
     return [Completion(text_of(c), c.finish_reason, u.prompt_tokens if u else 0, u.completion_tokens if u else 0,
-                       cached) for c in ordered]
+                       cached, getattr(c, "token_ids", None), getattr(c, "prompt_token_ids", None), logprobs_of(c))
+            for c in ordered]
+
+
+def trl_rollout_func(client: RolloutClient, *, max_tokens: int, temperature: float = 1.0, top_p: float = 1.0):
+    """A ``rollout_func`` for TRL's ``GRPOTrainer`` (experimental TRL API) that samples through this client.
+
+    For each prompt of the process's slice it asks for ``trainer.num_generations`` samples in one
+    request (one prefill per group) and returns, per completion, the prompt and completion token
+    ids and the sampled tokens' log-probabilities. Conversational prompts go through the served
+    model's chat template. The server must serve the weights being trained: this does not sync
+    weights (see the report/ARCHITECTURE note), so use it with a server that is reloaded per step,
+    or for off-policy / eval-time rollouts.
+    """
+
+    def rollout(prompts: list, trainer) -> dict[str, list]:
+        n = trainer.num_generations if trainer.model.training else trainer.num_generations_eval
+        tok = trainer.processing_class
+        texts = [tok.apply_chat_template(p, add_generation_prompt=True, tokenize=False) if isinstance(p, list) else p
+                 for p in prompts]
+        groups = client.generate(texts, max_tokens, temperature, n=n, top_p=top_p, logprobs=True,
+                                 return_token_ids=True)
+        out: dict[str, list] = {"prompt_ids": [], "completion_ids": [], "logprobs": []}
+        for group in groups:
+            for c in group:
+                if c.token_ids is None or c.logprobs is None:
+                    raise RuntimeError("the rollout server returned no token ids/logprobs (needs return_token_ids)")
+                out["prompt_ids"].append(c.prompt_token_ids)
+                out["completion_ids"].append(c.token_ids)
+                out["logprobs"].append(c.logprobs)
+        return out
+
+    return rollout
 
 
 _default: RolloutClient | None = None

@@ -19,24 +19,37 @@ class SamplingParams(BaseModel):
     stop: list[str] = Field(default_factory=list, max_length=8)
     seed: int | None = None
     ignore_eos: bool = False
+    logprobs: bool = Field(default=False, description="Record each sampled token's log-probability.")
 
     @property
     def greedy(self) -> bool:
         return self.temperature == 0
 
 
-def next_tokens(logits: torch.Tensor, params: SamplingParams, generator: torch.Generator | None) -> torch.Tensor:
-    """One token per row of ``logits`` [rows, vocab]: argmax when greedy, else temperature + top-p sampling."""
+def next_tokens(logits: torch.Tensor, params: SamplingParams,
+                generator: torch.Generator | None) -> tuple[list[int], list[float] | None]:
+    """One token per row of ``logits`` [rows, vocab]: argmax when greedy, else temperature + top-p sampling.
+
+    With ``params.logprobs``, also each token's log-probability under the distribution it was drawn
+    from (temperature and top-p applied; the raw model distribution when greedy), which is what a
+    policy-gradient update compares its own log-probabilities with.
+    """
     if params.greedy:
-        return logits.argmax(dim=-1)
-    scaled = logits.float() / params.temperature
-    if params.top_p < 1.0:
-        sorted_logits, order = scaled.sort(dim=-1, descending=True)
-        probs = sorted_logits.softmax(dim=-1)
-        drop = probs.cumsum(dim=-1) - probs > params.top_p  # keeps the first token always
-        sorted_logits = sorted_logits.masked_fill(drop, float("-inf"))
-        scaled = torch.full_like(scaled, float("-inf")).scatter(-1, order, sorted_logits)
-    return torch.multinomial(scaled.softmax(dim=-1), 1, generator=generator).squeeze(-1)
+        scaled = logits.float()
+        tokens = scaled.argmax(dim=-1)
+    else:
+        scaled = logits.float() / params.temperature
+        if params.top_p < 1.0:
+            sorted_logits, order = scaled.sort(dim=-1, descending=True)
+            probs = sorted_logits.softmax(dim=-1)
+            drop = probs.cumsum(dim=-1) - probs > params.top_p  # keeps the first token always
+            sorted_logits = sorted_logits.masked_fill(drop, float("-inf"))
+            scaled = torch.full_like(scaled, float("-inf")).scatter(-1, order, sorted_logits)
+        tokens = torch.multinomial(scaled.softmax(dim=-1), 1, generator=generator).squeeze(-1)
+    if not params.logprobs:
+        return tokens.tolist(), None
+    lp = scaled.log_softmax(dim=-1).gather(-1, tokens.unsqueeze(-1)).squeeze(-1)
+    return tokens.tolist(), lp.tolist()
 
 
 @dataclass
@@ -45,6 +58,7 @@ class SampleText:
 
     index: int
     token_ids: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
     text: str = ""
     shown: int = 0
     finish_reason: str | None = None

@@ -43,6 +43,7 @@ class Delta:
     text: str
     token_ids: list[int]
     finish_reason: str | None = None
+    logprobs: list[float] | None = None  # one per token in token_ids, when the request asked for them
 
 
 @dataclass(frozen=True)
@@ -152,6 +153,8 @@ class Engine:
                 raise ValueError("empty prompt")
             if min(r.prompt) < 0 or max(r.prompt) >= vocab:
                 raise ValueError(f"prompt token ids must be in [0, {vocab})")
+        if params.logprobs and not self.decoder.supports_logprobs:
+            raise ValueError(f"logprobs are not available in the '{self.config.profile}' profile")
         with self._lock:
             self.scheduler.admit([(r, len(r.prompt), params.max_tokens) for r in reqs])
             self.counters["requests"] += len(reqs)
@@ -328,13 +331,15 @@ class Engine:
     def _log(self, req: EngineRequest, kind: str, tokens: int, detail: str = "") -> None:
         self.step_log.append(StepEvent(self.steps, req.lane, req.id, kind, tokens, detail))
 
-    def accept(self, req: EngineRequest, index: int, tokens: list[int]) -> None:
+    def accept(self, req: EngineRequest, index: int, tokens: list[int], logprobs: list[float] | None = None) -> None:
         """Append tokens to sample ``index`` (stopping at its finish), and stream what can be shown."""
         sample = req.samples[index]
         new: list[int] = []
-        for tok in tokens:
+        for i, tok in enumerate(tokens):
             req.stopper.append(sample, tok)
             new.append(tok)
+            if logprobs is not None:
+                sample.logprobs.append(logprobs[i])
             if sample.finished:
                 break
         if req.first_token_at is None and new:
@@ -342,7 +347,8 @@ class Engine:
         self.counters["decode_tokens"] += len(new)
         text = req.stopper.take_delta(sample)
         if text or new:
-            req.sink(Delta(req.id, index, text, new, sample.finish_reason))
+            req.sink(Delta(req.id, index, text, new, sample.finish_reason,
+                           logprobs[:len(new)] if logprobs is not None else None))
 
     def cache_completion(self, req: EngineRequest, index: int, kv) -> None:
         """Keep prompt + completion KV of a finished sample for the next turn of its episode."""
@@ -364,6 +370,7 @@ class StandardDecoder:
     """All samples of a request decode together: one forward per step over ``len(active)`` rows."""
 
     needs_prefill = True
+    supports_logprobs = True
 
     def __init__(self, engine: Engine) -> None:
         self.engine = engine
@@ -373,7 +380,7 @@ class StandardDecoder:
         if n > 1:
             req.cache.batch_repeat_interleave(n)
         req.active = list(range(n))
-        self._advance(req, next_tokens(logits.expand(n, -1), req.params, req.generator).tolist())
+        self._advance(req, *next_tokens(logits.expand(n, -1), req.params, req.generator))
 
     @torch.no_grad()
     def step(self, req: EngineRequest) -> None:
@@ -383,12 +390,12 @@ class StandardDecoder:
         pos = torch.full((rows, 1), req.cache.get_seq_length())
         out = e.model(input_ids=last, cache=req.cache, position_ids=pos, use_cache=True)
         e._log(req, "decode", rows)
-        self._advance(req, next_tokens(out.logits[:, -1], req.params, req.generator).tolist())
+        self._advance(req, *next_tokens(out.logits[:, -1], req.params, req.generator))
 
-    def _advance(self, req: EngineRequest, tokens: list[int]) -> None:
+    def _advance(self, req: EngineRequest, tokens: list[int], logprobs: list[float] | None) -> None:
         keep = []
         for row, (index, tok) in enumerate(zip(req.active, tokens)):
-            self.engine.accept(req, index, [tok])
+            self.engine.accept(req, index, [tok], None if logprobs is None else [logprobs[row]])
             if req.samples[index].finished:
                 self.engine.cache_completion(req, index, kv_of(req.cache, row))
             else:

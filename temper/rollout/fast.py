@@ -35,6 +35,7 @@ if TYPE_CHECKING:
 
 class SpeculativeDecoder:
     needs_prefill = False  # assisted generate encodes the prompt itself (see module docstring)
+    supports_logprobs = False  # generate() would need output_scores; the fast profile serves eval, not GRPO
 
     def __init__(self, engine: Engine, spec: SpeculativeConfig, draft=None) -> None:
         from transformers import GenerationConfig

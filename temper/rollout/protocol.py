@@ -1,7 +1,7 @@
 """The subset of the OpenAI completions / chat-completions wire format the embedded server speaks.
 
 Same field names and defaults as OpenAI and vLLM, so one client (the official ``openai`` package)
-talks to either. Fields the engine cannot honour (logprobs, echo, penalties, tools) are refused
+talks to either. Fields the engine cannot honour (top logprobs, echo, penalties, tools) are refused
 with a 400 naming the field rather than silently ignored.
 """
 
@@ -42,6 +42,7 @@ class _Common(BaseModel):
     frequency_penalty: float = 0.0
     logit_bias: dict[str, float] | None = None
     ignore_eos: bool = False  # vLLM extension
+    return_token_ids: bool = False  # vLLM extension: choices carry prompt_token_ids and token_ids
 
     def _refuse_unsupported(self) -> None:
         if self.presence_penalty or self.frequency_penalty:
@@ -49,11 +50,15 @@ class _Common(BaseModel):
         if self.logit_bias:
             raise UnsupportedField("logit_bias")
 
+    def wants_logprobs(self) -> bool:
+        return False
+
     def sampling(self, default_max_tokens: int) -> SamplingParams:
         self._refuse_unsupported()
         stop = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
         return SamplingParams(max_tokens=self.max_tokens or default_max_tokens, temperature=self.temperature,
-                              top_p=self.top_p, n=self.n, stop=stop, seed=self.seed, ignore_eos=self.ignore_eos)
+                              top_p=self.top_p, n=self.n, stop=stop, seed=self.seed, ignore_eos=self.ignore_eos,
+                              logprobs=self.wants_logprobs())
 
 
 class CompletionRequest(_Common):
@@ -67,13 +72,17 @@ class CompletionRequest(_Common):
     def sampling(self, default_max_tokens: int = 16) -> SamplingParams:
         if self.echo:
             raise UnsupportedField("echo")
-        if self.logprobs is not None:
-            raise UnsupportedField("logprobs")
+        if self.logprobs:
+            raise UnsupportedField("logprobs", "supported only as 0 (each sampled token's log-probability), "
+                                               "not with top alternatives")
         if self.best_of not in (None, self.n):
             raise UnsupportedField("best_of")
         if self.suffix:
             raise UnsupportedField("suffix")
         return super().sampling(default_max_tokens)
+
+    def wants_logprobs(self) -> bool:
+        return self.logprobs is not None
 
     def prompts(self) -> list[str | list[int]]:
         p = self.prompt
@@ -105,11 +114,15 @@ class ChatCompletionRequest(_Common):
     messages: list[ChatMessage] = Field(min_length=1)
     max_completion_tokens: int | None = Field(default=None, ge=1)
     logprobs: bool = False
+    top_logprobs: int | None = None
     tools: list[dict[str, Any]] | None = None
 
+    def wants_logprobs(self) -> bool:
+        return self.logprobs
+
     def sampling(self, default_max_tokens: int) -> SamplingParams:
-        if self.logprobs:
-            raise UnsupportedField("logprobs")
+        if self.top_logprobs:
+            raise UnsupportedField("top_logprobs", "not supported (logprobs=true gives each sampled token's)")
         if self.tools:
             raise UnsupportedField("tools")
         if self.max_completion_tokens and not self.max_tokens:

@@ -122,7 +122,8 @@ class Scheduler:
                 lane.used_s = 0.0  # no contended period: time used alone does not count against a lane
             return busy
         total = sum(lane.used_s for lane in busy)
-        chosen = [lane for lane in busy if lane.config.time_share >= 1.0 or lane.used_s <= lane.config.time_share * total]
+        chosen = [lane for lane in busy
+                  if lane.config.time_share >= 1.0 or lane.used_s <= lane.config.time_share * total]
         if not chosen and busy:
             chosen = [min(busy, key=lambda lane: lane.used_s / lane.config.time_share)]
         return chosen

@@ -5,7 +5,8 @@ The HTTP layer only translates: it tokenizes, hands the prompts to ``Engine.subm
 all of a request's prompts or none), and turns the engine's per-sample deltas into OpenAI choices.
 Admission failures map to 413 (prompt over the lane's budget or the context) and 429 (lane queue
 full, with Retry-After); the JSON body names the limit. A client that disconnects mid-stream
-cancels its engine requests.
+cancels its engine requests. For GRPO, ``logprobs=0`` (chat: ``logprobs=true``) returns each sampled
+token's log-probability and vLLM's ``return_token_ids`` extension returns prompt and completion ids.
 """
 
 from __future__ import annotations
@@ -136,19 +137,24 @@ def create_app(engine: Engine) -> FastAPI:
     async def respond(request: Request, body, prompts: list[list[int]], params, chat: bool):
         try:
             run = _Run(engine, prompts, params, asyncio.get_running_loop())
-        except ValueError as e:  # empty prompt, token ids outside the vocabulary
+        except ValueError as e:  # empty prompt, token ids outside the vocabulary, logprobs in the fast profile
             return JSONResponse(error_body(str(e), "invalid_request_error", 400, "prompt"), 400)
         rid = new_id("chatcmpl" if chat else "cmpl")
+        shape = _ChoiceShape(engine, chat, params.logprobs, body.return_token_ids, prompts, run.n)
         if body.stream:
             include_usage = bool(body.stream_options and body.stream_options.include_usage)
-            return StreamingResponse(stream(run, rid, chat, include_usage), media_type="text/event-stream")
+            return StreamingResponse(stream(run, rid, shape, include_usage), media_type="text/event-stream")
         texts: dict[int, list[str]] = {}
+        ids: dict[int, list[int]] = {}
+        lps: dict[int, list[float]] = {}
         finish: dict[int, str | None] = {}
         totals = [0, 0, 0]
         async for pi, ev in run.events():
             if isinstance(ev, Delta):
                 idx = pi * run.n + ev.index
                 texts.setdefault(idx, []).append(ev.text)
+                ids.setdefault(idx, []).extend(ev.token_ids)
+                lps.setdefault(idx, []).extend(ev.logprobs or [])
                 if ev.finish_reason:
                     finish[idx] = ev.finish_reason
             else:
@@ -158,22 +164,16 @@ def create_app(engine: Engine) -> FastAPI:
                 totals[0] += ev.prompt_tokens
                 totals[1] += ev.completion_tokens
                 totals[2] += ev.cached_tokens
-        choices = []
-        for idx in range(len(prompts) * run.n):
-            text = "".join(texts.get(idx, []))
-            reason = finish.get(idx, "length")
-            if chat:
-                choices.append({"index": idx, "message": {"role": "assistant", "content": text},
-                                "finish_reason": reason, "logprobs": None})
-            else:
-                choices.append({"index": idx, "text": text, "finish_reason": reason, "logprobs": None})
-        return completion_body(rid, model_name, choices, usage(*totals), "chat.completion" if chat else "text_completion")
+        choices = [shape.full(idx, "".join(texts.get(idx, [])), ids.get(idx, []), lps.get(idx, []),
+                              finish.get(idx, "length")) for idx in range(len(prompts) * run.n)]
+        kind = "chat.completion" if chat else "text_completion"
+        return completion_body(rid, model_name, choices, usage(*totals), kind)
 
-    async def stream(run: _Run, rid: str, chat: bool, include_usage: bool) -> AsyncIterator[str]:
-        kind = "chat.completion.chunk" if chat else "text_completion"
+    async def stream(run: _Run, rid: str, shape: _ChoiceShape, include_usage: bool) -> AsyncIterator[str]:
+        kind = "chat.completion.chunk" if shape.chat else "text_completion"
         totals = [0, 0, 0]
         try:
-            if chat:
+            if shape.chat:
                 for idx in range(len(run.reqs) * run.n):
                     yield _sse(completion_body(rid, model_name, [{"index": idx, "delta": {"role": "assistant",
                                                                   "content": ""}, "finish_reason": None,
@@ -181,11 +181,7 @@ def create_app(engine: Engine) -> FastAPI:
             async for pi, ev in run.events():
                 if isinstance(ev, Delta):
                     idx = pi * run.n + ev.index
-                    if chat:
-                        choice = {"index": idx, "delta": {"content": ev.text} if ev.text else {},
-                                  "finish_reason": ev.finish_reason, "logprobs": None}
-                    else:
-                        choice = {"index": idx, "text": ev.text, "finish_reason": ev.finish_reason, "logprobs": None}
+                    choice = shape.delta(idx, ev.text, ev.token_ids, ev.logprobs or [], ev.finish_reason)
                     yield _sse(completion_body(rid, model_name, [choice], None, kind))
                 else:
                     if ev.error:
@@ -201,6 +197,44 @@ def create_app(engine: Engine) -> FastAPI:
             run.cancel()  # no-op when everything finished; stops work when the client went away
 
     return app
+
+
+class _ChoiceShape:
+    """How one choice looks on the wire: completion or chat, with optional logprobs and token ids."""
+
+    def __init__(self, engine: Engine, chat: bool, logprobs: bool, token_ids: bool, prompts: list[list[int]],
+                 n: int) -> None:
+        self.engine, self.chat, self.logprobs, self.token_ids = engine, chat, logprobs, token_ids
+        self.prompts, self.n = prompts, n
+
+    def _logprobs(self, ids: list[int], lps: list[float]) -> dict[str, Any] | None:
+        if not self.logprobs:
+            return None
+        toks = self.engine.tokenizer.convert_ids_to_tokens(ids)
+        if self.chat:
+            return {"content": [{"token": t, "logprob": lp, "bytes": list(t.encode()), "top_logprobs": []}
+                                for t, lp in zip(toks, lps)]}
+        offsets, at = [], 0
+        for t in toks:
+            offsets.append(at)
+            at += len(t)
+        return {"tokens": toks, "token_logprobs": lps, "top_logprobs": None, "text_offset": offsets}
+
+    def _ids(self, choice: dict[str, Any], idx: int, ids: list[int]) -> dict[str, Any]:
+        if self.token_ids:
+            choice["prompt_token_ids"] = self.prompts[idx // self.n]
+            choice["token_ids"] = ids
+        return choice
+
+    def full(self, idx: int, text: str, ids: list[int], lps: list[float], reason: str | None) -> dict[str, Any]:
+        body = {"message": {"role": "assistant", "content": text}} if self.chat else {"text": text}
+        return self._ids({"index": idx, **body, "finish_reason": reason, "logprobs": self._logprobs(ids, lps)},
+                         idx, ids)
+
+    def delta(self, idx: int, text: str, ids: list[int], lps: list[float], reason: str | None) -> dict[str, Any]:
+        body = {"delta": {"content": text} if text else {}} if self.chat else {"text": text}
+        return self._ids({"index": idx, **body, "finish_reason": reason, "logprobs": self._logprobs(ids, lps)},
+                         idx, ids)
 
 
 def _sse(obj: dict[str, Any]) -> str:

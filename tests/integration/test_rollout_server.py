@@ -189,3 +189,39 @@ def test_prompt_token_ids_are_checked(api):
         api.completions.create(model="temper", prompt=[5, 6, 10**6], max_tokens=2)
     ok = api.completions.create(model="temper", prompt=[5, 6, 7], max_tokens=2, temperature=0)
     assert ok.usage.prompt_tokens == 3
+
+
+def test_logprobs_and_token_ids_are_the_models_own(server, api):
+    engine, _ = server
+    r = api.completions.create(model="temper", prompt=PROMPT, max_tokens=6, temperature=0, logprobs=0,
+                               extra_body={"return_token_ids": True})
+    c = r.choices[0]
+    prompt_ids = engine.encode(PROMPT)
+    assert c.prompt_token_ids == prompt_ids and len(c.token_ids) == r.usage.completion_tokens
+    assert engine.tokenizer.decode(c.token_ids, skip_special_tokens=True) == c.text
+    with torch.no_grad():  # teacher-forced: the log-probabilities the model gives the returned tokens
+        logits = engine.model(torch.tensor([prompt_ids + c.token_ids])).logits[0, len(prompt_ids) - 1:-1]
+    want = logits.log_softmax(-1).gather(-1, torch.tensor(c.token_ids)[:, None])[:, 0]
+    assert torch.allclose(torch.tensor(c.logprobs.token_logprobs), want, atol=1e-4)
+    chat = api.chat.completions.create(model="temper", messages=[{"role": "user", "content": "hi"}], max_tokens=3,
+                                       temperature=0, logprobs=True)
+    assert len(chat.choices[0].logprobs.content) == chat.usage.completion_tokens
+    with pytest.raises(openai.BadRequestError, match="top_logprobs"):
+        api.chat.completions.create(model="temper", messages=[{"role": "user", "content": "hi"}], max_tokens=3,
+                                    logprobs=True, top_logprobs=3)
+
+
+def test_trl_rollout_func_returns_one_entry_per_completion(server):
+    from types import SimpleNamespace
+
+    from temper.rollout.client import trl_rollout_func
+
+    engine, url = server
+    trainer = SimpleNamespace(num_generations=3, num_generations_eval=1, model=SimpleNamespace(training=True),
+                              processing_class=engine.tokenizer)
+    with RolloutClient(RolloutSettings(base_url=url, max_retries=0)) as client:
+        out = trl_rollout_func(client, max_tokens=4)([PROMPT, [{"role": "user", "content": "hi"}]], trainer)
+    assert [len(out[k]) for k in ("prompt_ids", "completion_ids", "logprobs")] == [6, 6, 6]
+    assert out["prompt_ids"][0] == engine.encode(PROMPT) and out["prompt_ids"][3] == out["prompt_ids"][5]
+    assert all(len(ids) == len(lp) and all(x <= 0 for x in lp) for ids, lp in zip(out["completion_ids"],
+                                                                                    out["logprobs"]))

@@ -156,3 +156,15 @@ def test_control_without_lanes_the_short_requests_wait_for_the_long_prefill(base
     long_req, shorts = _long_then_short(e)
     finish = _finish_steps(e)
     assert all(finish[r.id] > _last_prefill_step(e, long_req.id) for r in shorts)
+
+
+def test_sampled_logprobs_are_under_the_tempered_distribution(base):
+    params = SamplingParams(max_tokens=6, temperature=0.5, n=2, seed=11, logprobs=True)
+    r = engine(base).generate(PROMPTS[:1], params)[0]
+    prompt = base.encode(PROMPTS[0])
+    for s in r.samples:
+        assert len(s.logprobs) == len(s.token_ids)
+        with torch.no_grad():
+            logits = base.model(torch.tensor([prompt + s.token_ids])).logits[0, len(prompt) - 1:-1] / 0.5
+        want = logits.log_softmax(-1).gather(-1, torch.tensor(s.token_ids)[:, None])[:, 0]
+        assert torch.allclose(torch.tensor(s.logprobs), want, atol=1e-4)

@@ -65,6 +65,13 @@ def test_parity_gate_blocks_a_variant_that_diverges(models, standard):
         require_parity(report)
 
 
+def test_the_fast_profile_refuses_logprobs_instead_of_faking_them(models, standard):
+    from temper.rollout.decoding import SamplingParams
+
+    with pytest.raises(ValueError, match="logprobs"):
+        fast_engine(standard, models[1]).submit([[5, 6]], SamplingParams(logprobs=True), [print])
+
+
 def test_both_profiles_are_registered_and_a_blocked_fast_one_gets_no_serving_alias(models, standard, temper_home):
     from mlflow.exceptions import MlflowException
     from mlflow.tracking import MlflowClient
@@ -90,3 +97,20 @@ def test_both_profiles_are_registered_and_a_blocked_fast_one_gets_no_serving_ali
     assert blocked.tags["temper.parity.passed"] == "false" and int(blocked.tags["temper.parity.mismatches"]) > 0
     with pytest.raises(MlflowException):
         client.get_model_version_by_alias("policy", "serving-nonexistent")
+
+
+def test_the_fast_profile_serves_the_same_api(models, standard):
+    import openai
+
+    from temper.rollout.decoding import SamplingParams
+    from temper.rollout.server import EmbeddedServer
+
+    want = standard.generate(PROMPTS[:1], SamplingParams(max_tokens=12, temperature=0))[0].texts[0]
+    with EmbeddedServer(fast_engine(standard, models[1])) as url, \
+            openai.OpenAI(base_url=url, api_key="x", max_retries=0) as client:
+        r = client.completions.create(model="temper", prompt=PROMPTS[0], max_tokens=12, temperature=0)
+        streamed = "".join(c.choices[0].text for c in client.completions.create(
+            model="temper", prompt=PROMPTS[0], max_tokens=12, temperature=0, stream=True))
+        with pytest.raises(openai.BadRequestError, match="logprobs"):
+            client.completions.create(model="temper", prompt=PROMPTS[0], max_tokens=2, logprobs=0)
+    assert r.choices[0].text == want == streamed
