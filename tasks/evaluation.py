@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import re
 import sys
 import tempfile
@@ -27,7 +28,8 @@ def evaluate(model_dir: str, domain: str, settings: EvalSettings, label: str, pa
     spec = JobSpec(name=name, kind="eval", timeout_s=3600, env={"OMP_NUM_THREADS": "1"},
                    command=[sys.executable, "-m", "workloads.evaluate", "--model", model_dir, "--domain", domain,
                             "--limit", str(settings.limit), "--max-new-tokens", str(settings.max_new_tokens),
-                            "--out", str(out)])
+                            "--out", str(out)]
+                   + (["--generator", "rollout"] if os.environ.get("TEMPER_ROLLOUT_BACKEND") else []))
     lines: list[str] = []
     status = run_job(spec, on_line=lines.append)
     if status != 0 or not out.exists():

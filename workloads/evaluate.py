@@ -58,12 +58,32 @@ def generate_completions(model_dir: str, prompts: list[str], max_new_tokens: int
     return out
 
 
+def rollout_completions(model_dir: str, prompts: list[str], max_new_tokens: int) -> list[str]:
+    """Greedy completions from the rollout backend (TEMPER_ROLLOUT_*: the embedded engine or vLLM).
+
+    Unset TEMPER_ROLLOUT_MODEL_DIR / BASE_URL means: serve ``model_dir`` with the embedded engine.
+    """
+    import os
+
+    from temper.rollout.client import RolloutClient, generate
+    from temper.rollout.config import RolloutSettings
+
+    overrides = {} if os.environ.get("TEMPER_ROLLOUT_BASE_URL") or os.environ.get("TEMPER_ROLLOUT_MODEL_DIR") \
+        else {"model_dir": model_dir}
+    client = RolloutClient(RolloutSettings(**overrides))
+    try:
+        return [group[0].text for group in generate(prompts, max_tokens=max_new_tokens, temperature=0.0,
+                                                    client=client)]
+    finally:
+        client.close()
+
+
 async def _score_all(verifier, records: list[dict], completions: list[str]):
     return await asyncio.gather(*(verifier.ascore(r, c) for r, c in zip(records, completions)))
 
 
 def evaluate_domain(model_dir: str, domain_name: str, catalog_dir: str | None = None, limit: int = 64,
-                    max_new_tokens: int = 32, keep_samples: int = 5) -> EvalResult:
+                    max_new_tokens: int = 32, keep_samples: int = 5, generator: str = "local") -> EvalResult:
     from temper.catalog import load_catalog
     from temper.datasets import load_dataset
     from temper.settings import get_settings
@@ -76,7 +96,8 @@ def evaluate_domain(model_dir: str, domain_name: str, catalog_dir: str | None = 
     records = frame.to_dict(orient="records")
     t = time.perf_counter()
     prompts = [domain.render_prompt(r) for r in records]
-    completions = generate_completions(model_dir, prompts, max_new_tokens) if records else []
+    produce = rollout_completions if generator == "rollout" else generate_completions
+    completions = produce(model_dir, prompts, max_new_tokens) if records else []
     verifier = get_verifier(domain.verifier.family, domain.verifier.params)
     verdicts = asyncio.run(_score_all(verifier, records, completions))
     rewards = [None if v is None else float(v.reward) for v in verdicts]
@@ -98,9 +119,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--catalog", default=None)
     ap.add_argument("--limit", type=int, default=64)
     ap.add_argument("--max-new-tokens", type=int, default=32)
+    ap.add_argument("--generator", choices=["local", "rollout"], default="local",
+                    help="local: transformers generate here; rollout: the rollout backend (TEMPER_ROLLOUT_*)")
     ap.add_argument("--out", required=True, help="where to write the JSON result (local path or fsspec URI)")
     args = ap.parse_args(argv)
-    result = evaluate_domain(args.model, args.domain, args.catalog, args.limit, args.max_new_tokens)
+    result = evaluate_domain(args.model, args.domain, args.catalog, args.limit, args.max_new_tokens,
+                             generator=args.generator)
     from infra.storage import write_bytes_atomic
 
     write_bytes_atomic(args.out if "://" in args.out else str(Path(args.out).resolve()),
