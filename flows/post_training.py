@@ -66,6 +66,8 @@ def post_training(params: PostTrainingParams = PostTrainingParams()) -> dict:
         close_lifecycle(lifecycle_run_id, "FAILED", markdown)
         raise ContractViolation(f"{len(failed)} domain(s) violate their data contract: {why}")
 
+    if uncalibrated:  # train exactly the domains that passed the calibration gate
+        params = params.model_copy(update={"domains": domains})
     base = prepare_base_model(params.base_model)
     model = base
     if params.sft.enabled:
