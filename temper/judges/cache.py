@@ -1,47 +1,55 @@
-"""Judge verdicts cached by digest: re-scoring the same (rubric, prompt, response, judge) is free.
+"""The judge cache: one JSON file per digest under ``<TEMPER_HOME>/judge_cache``.
 
-One sqlite file under TEMPER_HOME. A key is the sha256 of the four parts, so a cached verdict
-is exactly reproducible and never stale: any change to any part is a different key.
+Judging is greedy, so (rubric, prompt, response, judge, decoding) fully determines the
+output: storing it by the sha256 of those inputs makes a re-score free and bit-identical,
+across processes and runs. The raw output is stored, not the parsed score, so a parser fix
+applies to cached items too. Files are written to a temporary name and renamed, so
+concurrent judges (GRPO ranks, Prefect tasks) never read half an entry.
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
-import sqlite3
-import threading
+import logging
+import os
+import tempfile
 from pathlib import Path
 from typing import Any
 
-
-def cache_key(rubric_digest: str, prompt: str, response: str, judge_id: str) -> str:
-    h = hashlib.sha256()
-    for part in (rubric_digest, prompt, response, judge_id):
-        h.update(len(part.encode()).to_bytes(8, "big") + part.encode())  # length-prefixed: no ambiguity
-    return h.hexdigest()
+log = logging.getLogger(__name__)
 
 
 class JudgeCache:
-    def __init__(self, path: str | Path) -> None:
-        self.path = Path(path)
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        self._lock = threading.Lock()
-        with self._connect() as db:
-            db.execute("CREATE TABLE IF NOT EXISTS verdicts (key TEXT PRIMARY KEY, value TEXT NOT NULL)")
-        self.hits = self.misses = 0
+    def __init__(self, root: Path | str | None = None) -> None:
+        if root is None:
+            from temper.settings import get_settings
 
-    def _connect(self) -> sqlite3.Connection:
-        return sqlite3.connect(self.path, timeout=30)
+            root = get_settings().home / "judge_cache"
+        self.root = Path(root)
 
-    def get(self, key: str) -> dict[str, Any] | None:
-        with self._lock, self._connect() as db:
-            row = db.execute("SELECT value FROM verdicts WHERE key = ?", (key,)).fetchone()
-        if row is None:
-            self.misses += 1
+    def path(self, digest: str) -> Path:
+        return self.root / digest[:2] / f"{digest}.json"
+
+    def get(self, digest: str) -> dict[str, Any] | None:
+        path = self.path(digest)
+        try:
+            entry = json.loads(path.read_text())
+        except FileNotFoundError:
             return None
-        self.hits += 1
-        return json.loads(row[0])
+        except (OSError, ValueError) as e:
+            log.warning("judge cache entry %s is unreadable (%s); judging again", path, e)
+            return None
+        return entry if isinstance(entry, dict) and entry.get("digest") == digest else None
 
-    def put(self, key: str, value: dict[str, Any]) -> None:
-        with self._lock, self._connect() as db:
-            db.execute("INSERT OR REPLACE INTO verdicts (key, value) VALUES (?, ?)", (key, json.dumps(value)))
+    def put(self, digest: str, entry: dict[str, Any]) -> Path:
+        path = self.path(digest)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{digest[:8]}-", suffix=".tmp")
+        try:
+            with os.fdopen(fd, "w") as f:
+                json.dump({**entry, "digest": digest}, f, sort_keys=True)
+            os.replace(tmp, path)
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise
+        return path

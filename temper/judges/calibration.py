@@ -1,159 +1,219 @@
-"""Calibration: does the judge agree with people? If not, its rewards are not trusted for RL.
+"""Judge calibration: agreement with human labels per domain, logged to MLflow, and the RL gate.
 
-Per open-ended domain: Spearman rank correlation of judge vs human scores and Cohen's kappa
-on binned scores, with the sample size. A domain below its rubric's threshold is
-'unverified' and, by policy, excluded from RL or down-weighted until a new calibration
-passes. Results live in MLflow (experiment ``judge_calibration``, one run per calibration).
+One MLflow run per (domain, calibration) in the experiment ``judge_calibration`` with tags
+``temper.domain``, ``temper.calibration.status`` (verified | unverified), the rubric digest
+and the judge identity, and metrics ``spearman``, ``kappa``, ``n``.
+
+The gate (``apply_calibration_gate``) re-checks the latest run's metrics against the
+thresholds in force *now* (policy default < rubric ``calibration:`` < domain
+``verifier.params.calibration``), and treats a calibration made with another rubric version
+or another judge as missing: agreement is a property of that exact pair. Only domains whose
+verifier family is ``judge`` are gated; everything else passes through unchanged.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Literal
+import logging
+import math
+from dataclasses import asdict, dataclass
+from typing import TYPE_CHECKING, Any, Literal
 
-import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
+
+from temper.errors import TemperError
+from temper.judges.rubric import CalibrationOverrides, Rubric, Scale
+from temper.judges.stats import cohen_kappa, spearman
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+    from temper.catalog import Domain
+    from temper.settings import Settings
+
+log = logging.getLogger(__name__)
 
 EXPERIMENT = "judge_calibration"
 TAG_DOMAIN = "temper.domain"
 TAG_STATUS = "temper.calibration.status"
+TAG_REASON = "temper.calibration.reason"
+TAG_RUBRIC = "temper.rubric_digest"
+TAG_JUDGE = "temper.judge"
+TAG_LABELS = "temper.labels_sha256"
+Status = Literal["verified", "unverified", "missing"]
 
 
-def _ranks(x: np.ndarray) -> np.ndarray:
-    """Average ranks (ties share the mean of their positions), 1-based."""
-    order = np.argsort(x, kind="mergesort")
-    ranks = np.empty(len(x), dtype=float)
-    sorted_x = x[order]
-    i = 0
-    while i < len(x):
-        j = i
-        while j + 1 < len(x) and sorted_x[j + 1] == sorted_x[i]:
-            j += 1
-        ranks[order[i:j + 1]] = (i + j) / 2 + 1
-        i = j + 1
-    return ranks
+class CalibrationPolicy(BaseModel):
+    """Thresholds and what happens to a judge domain that does not meet them."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    min_spearman: float = Field(default=0.5, ge=-1, le=1, description="Lowest acceptable Spearman rho.")
+    min_kappa: float = Field(default=0.4, ge=-1, le=1, description="Lowest acceptable Cohen's kappa (scale points).")
+    min_n: int = Field(default=20, ge=2, description="Fewest human-labelled items a calibration needs.")
+    mode: Literal["exclude", "downweight"] = Field(
+        default="exclude", description="exclude: drop an unverified domain from RL; downweight: keep it at factor x.")
+    factor: float = Field(default=0.25, gt=0, le=1, description="Sampling-weight multiplier in downweight mode.")
+
+    def merged(self, *overrides: CalibrationOverrides) -> "CalibrationPolicy":
+        update: dict[str, Any] = {}
+        for o in overrides:
+            update.update(o.model_dump(exclude_none=True))
+        return self.model_copy(update=update)
 
 
-def spearman(a: list[float], b: list[float]) -> float:
-    """Pearson correlation of average ranks; 0.0 when either side is constant."""
-    ra, rb = _ranks(np.asarray(a, float)), _ranks(np.asarray(b, float))
-    if ra.std() == 0 or rb.std() == 0:
-        return 0.0
-    return float(np.corrcoef(ra, rb)[0, 1])
-
-
-def cohen_kappa(a: list[int], b: list[int]) -> float:
-    """(observed - chance agreement) / (1 - chance); 1.0 when both raters use one same label only."""
-    labels = sorted(set(a) | set(b))
-    index = {label: i for i, label in enumerate(labels)}
-    m = np.zeros((len(labels), len(labels)))
-    for x, y in zip(a, b):
-        m[index[x], index[y]] += 1
-    n = m.sum()
-    observed = np.trace(m) / n
-    chance = float((m.sum(0) * m.sum(1)).sum() / n**2)
-    return 1.0 if chance == 1.0 else float((observed - chance) / (1 - chance))
-
-
-def bin_scores(scores: list[float], lo: float, hi: float, bins: int) -> list[int]:
-    """Scale scores -> bins equal-width bins over [lo, hi] (0 .. bins-1)."""
-    width = (hi - lo) / bins
-    return [min(bins - 1, int((s - lo) / width)) for s in scores]
+@dataclass(frozen=True)
+class Agreement:
+    n: int
+    spearman: float
+    kappa: float
 
 
 @dataclass(frozen=True)
 class CalibrationResult:
     domain: str
-    n: int
-    spearman: float
-    kappa: float
-    threshold: float
+    status: Status
+    n: int = 0
+    spearman: float = math.nan
+    kappa: float = math.nan
     run_id: str | None = None
+    rubric_digest: str | None = None
+    judge_id: str | None = None
+    reason: str = ""
 
-    @property
-    def verified(self) -> bool:
-        return self.n >= 2 and self.spearman >= self.threshold
-
-
-def agreement(domain: str, judge: list[float], human: list[float], *, scale: tuple[int, int], threshold: float,
-              bins: int = 3) -> CalibrationResult:
-    if len(judge) != len(human):
-        raise ValueError(f"{domain}: {len(judge)} judge scores vs {len(human)} human scores")
-    if not judge:
-        return CalibrationResult(domain, 0, 0.0, 0.0, threshold)
-    lo, hi = scale
-    return CalibrationResult(domain, len(judge), spearman(judge, human),
-                             cohen_kappa(bin_scores(judge, lo, hi, bins), bin_scores(human, lo, hi, bins)), threshold)
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
 
 
-def log_calibration(result: CalibrationResult, labels_digest: str | None = None) -> str:
-    """One MLflow run per calibration; returns its id."""
+def agreement(judge_scores: list[float], human_scores: list[int], scale: Scale) -> Agreement:
+    """Spearman on the judge's [0, 1] scores vs human scale points; kappa after binning the judge to scale points."""
+    binned = [scale.to_point(s) for s in judge_scores]
+    return Agreement(n=len(human_scores), spearman=spearman(judge_scores, human_scores),
+                     kappa=cohen_kappa(binned, list(human_scores), scale.points))
+
+
+def shortfalls(a: Agreement | CalibrationResult, policy: CalibrationPolicy) -> list[str]:
+    """Every threshold the agreement misses, in words; empty means verified. NaN never passes."""
+    out = []
+    if a.n < policy.min_n:
+        out.append(f"n={a.n} < min_n={policy.min_n}")
+    for name, value, floor in (("spearman", a.spearman, policy.min_spearman), ("kappa", a.kappa, policy.min_kappa)):
+        if not math.isfinite(value):
+            out.append(f"{name} undefined (a rater gave one value throughout)")
+        elif value < floor:
+            out.append(f"{name}={value:.3f} < {floor}")
+    return out
+
+
+def log_calibration(domain: str, a: Agreement, policy: CalibrationPolicy, *, rubric_digest: str, judge_id: str,
+                    labels: "pd.DataFrame", labels_uri: str, labels_sha256: str,
+                    settings: "Settings | None" = None) -> CalibrationResult:
+    """One run in ``judge_calibration``: metrics, thresholds as params, the label dataset as input."""
     import mlflow
 
     from infra import lineage
 
-    lineage.configure()
-    lineage.use_experiment(EXPERIMENT)
-    status = "verified" if result.verified else "unverified"
-    with mlflow.start_run(run_name=f"calibrate-{result.domain}",
-                          tags={TAG_DOMAIN: result.domain, TAG_STATUS: status,
-                                **({lineage.TAG_SHA256: labels_digest} if labels_digest else {})}) as run:
-        mlflow.log_metrics({"spearman": result.spearman, "kappa": result.kappa, "n": result.n,
-                            "threshold": result.threshold})
-        return run.info.run_id
+    lineage.configure(settings)
+    missed = shortfalls(a, policy)
+    status: Status = "unverified" if missed else "verified"
+    reason = "; ".join(missed)
+    tags = {lineage.TAG_KIND: "calibration", TAG_DOMAIN: domain, TAG_STATUS: status, TAG_REASON: reason[:4000],
+            TAG_RUBRIC: rubric_digest, TAG_JUDGE: judge_id, TAG_LABELS: labels_sha256}
+    run_id = lineage.open_run(EXPERIMENT, f"calibrate-{domain}", tags=tags)
+    try:
+        with lineage.resume_run(run_id):
+            metrics = {"n": float(a.n), "spearman": a.spearman, "kappa": a.kappa}
+            mlflow.log_metrics({k: v for k, v in metrics.items() if math.isfinite(v)})
+            mlflow.log_params(policy.model_dump())
+            lineage.log_dataset(f"human_labels/{domain}", labels, labels_uri, labels_sha256, context="calibration")
+    except BaseException:
+        lineage.close_run(run_id, "FAILED")
+        raise
+    lineage.close_run(run_id)
+    return CalibrationResult(domain=domain, status=status, n=a.n, spearman=a.spearman, kappa=a.kappa, run_id=run_id,
+                             rubric_digest=rubric_digest, judge_id=judge_id, reason=reason)
 
 
-def calibration_status(domain_names: list[str]) -> dict[str, CalibrationResult]:
-    """The latest calibration per domain (domains never calibrated are absent)."""
+def calibration_status(domain_names: list[str], settings: "Settings | None" = None) -> dict[str, CalibrationResult]:
+    """The latest finished calibration of each domain ('missing' when there is none)."""
     from mlflow.tracking import MlflowClient
 
+    from infra import lineage
+
+    lineage.configure(settings)
     client = MlflowClient()
     exp = client.get_experiment_by_name(EXPERIMENT)
-    if exp is None:
-        return {}
     out: dict[str, CalibrationResult] = {}
     for name in domain_names:
-        runs = client.search_runs([exp.experiment_id], f"tags.`{TAG_DOMAIN}` = '{name}'",
-                                  order_by=["attributes.start_time DESC"], max_results=1)
-        if runs:
-            m = runs[0].data.metrics
-            out[name] = CalibrationResult(name, int(m.get("n", 0)), m.get("spearman", 0.0), m.get("kappa", 0.0),
-                                          m.get("threshold", 1.0), runs[0].info.run_id)
+        runs = []
+        if exp is not None:
+            quoted = name.replace("\\", "\\\\").replace("'", "\\'")
+            where = f"tags.`{TAG_DOMAIN}` = '{quoted}' and attributes.status = 'FINISHED'"
+            runs = client.search_runs([exp.experiment_id], filter_string=where, max_results=1,
+                                      order_by=["attributes.start_time DESC"])
+        if not runs:
+            out[name] = CalibrationResult(domain=name, status="missing", reason="never calibrated")
+            continue
+        r = runs[0]
+        m, t = r.data.metrics, r.data.tags
+        out[name] = CalibrationResult(
+            domain=name, status=t.get(TAG_STATUS, "unverified"), n=int(m.get("n", 0)),
+            spearman=m.get("spearman", math.nan), kappa=m.get("kappa", math.nan), run_id=r.info.run_id,
+            rubric_digest=t.get(TAG_RUBRIC), judge_id=t.get(TAG_JUDGE), reason=t.get(TAG_REASON, ""))
     return out
 
 
-class CalibrationPolicy(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+def domain_policy(domain: "Domain", policy: CalibrationPolicy) -> tuple[CalibrationPolicy, Rubric, str]:
+    """A judge domain's effective thresholds, its rubric and its judge identity (raises on bad config)."""
+    from temper.verifiers.families.judge import parse_params
+    from temper.judges.judge import Judge
 
-    mode: Literal["exclude", "downweight"] = Field(default="exclude",
-                                                   description="What happens to an unverified judge domain.")
-    downweight: float = Field(default=0.1, gt=0, le=1, description="Weight factor in 'downweight' mode.")
+    params, rubric = parse_params(domain.verifier.params)
+    return policy.merged(rubric.calibration, params.calibration), rubric, Judge(params.judge).identity
 
 
-def apply_calibration_gate(domains: list, statuses: dict[str, CalibrationResult],
-                           policy: CalibrationPolicy) -> tuple[dict[str, float], dict[str, str]]:
-    """(domain -> sampling weight kept, domain -> why excluded or down-weighted).
+def gate_reason(result: CalibrationResult | None, policy: CalibrationPolicy, rubric_digest: str,
+                judge_id: str) -> str | None:
+    """Why a judge domain is unverified now, or None when its latest calibration passes."""
+    if result is None or result.status == "missing":
+        return "judge never calibrated against human labels"
+    if result.rubric_digest != rubric_digest:
+        return f"latest calibration ({result.run_id}) used another rubric version"
+    if result.judge_id != judge_id:
+        return f"latest calibration ({result.run_id}) used another judge ({result.judge_id})"
+    missed = shortfalls(result, policy)
+    return f"judge-human agreement below threshold: {'; '.join(missed)} (run {result.run_id})" if missed else None
 
-    Only judge-scored domains are gated; a mechanically verified domain always passes.
+
+def apply_calibration_gate(domains: list["Domain"], statuses: dict[str, CalibrationResult],
+                           policy: CalibrationPolicy | None = None,
+                           base_weights: dict[str, float] | None = None) -> tuple[dict[str, float], dict[str, str]]:
+    """(kept domain -> sampling weight, excluded domain -> reason).
+
+    The weight starts from ``base_weights`` (e.g. PostTrainingParams.mixing_weights) or the
+    domain's ``sampling_ratio``; an unverified judge domain in downweight mode keeps
+    ``factor`` x that weight. A judge domain whose rubric or judge cannot even be loaded is
+    excluded whatever the mode: it could not be scored.
     """
+    policy = policy or CalibrationPolicy()
+    base_weights = base_weights or {}
     kept: dict[str, float] = {}
-    flagged: dict[str, str] = {}
+    excluded: dict[str, str] = {}
     for d in domains:
-        weight = d.sampling_ratio
+        weight = float(base_weights.get(d.name, d.sampling_ratio))
         if d.verifier.family != "judge":
             kept[d.name] = weight
             continue
-        s = statuses.get(d.name)
-        if s is None:
-            reason = "judge never calibrated against human labels"
-        elif not s.verified:
-            reason = f"judge-human Spearman {s.spearman:.2f} < {s.threshold:.2f} (n={s.n}, kappa {s.kappa:.2f})"
-        else:
-            kept[d.name] = weight
+        try:
+            effective, rubric, judge_id = domain_policy(d, policy)
+        except TemperError as e:
+            excluded[d.name] = f"judge configuration unusable: {e}"
             continue
-        if policy.mode == "downweight":
-            kept[d.name] = weight * policy.downweight
-            flagged[d.name] = f"down-weighted x{policy.downweight}: {reason}"
+        reason = gate_reason(statuses.get(d.name), effective, rubric.digest, judge_id)
+        if reason is None:
+            kept[d.name] = weight
+        elif effective.mode == "downweight":
+            kept[d.name] = weight * effective.factor
+            log.warning("domain %s down-weighted x%s: %s", d.name, effective.factor, reason)
         else:
-            flagged[d.name] = f"excluded: {reason}"
-    return kept, flagged
+            excluded[d.name] = reason
+    return kept, excluded

@@ -1,137 +1,162 @@
-"""A judge model scores a response against a rubric: a score on the rubric's scale and a rationale.
+"""A judge: rubric + prompt + response -> score in [0, 1] and a rationale, cached by digest.
 
-Two kinds of judge, one interface:
-- a local Hugging Face causal LM (a folder): the score is the most likely scale token after
-  the rubric prompt's final "Score:" (constrained greedy decoding over the scale's digits), so a
-  local judge always answers on the scale, deterministically; its rationale lists the
-  probabilities it chose from;
-- an OpenAI-compatible endpoint (the embedded rollout engine or vLLM): greedy completion,
-  parsed for "Score: N"; an output without a parseable score is a ``JudgeOutputError``.
-Every verdict is cached by (rubric, prompt, response, judge) digest.
+The cache key is the sha256 of everything that decides the output: the rubric digest, the
+prompt, the response, the reference (when the domain shows one), the judge's identity (a
+fingerprint of the model folder, or endpoint + served model, or a pinned ``judge_id``),
+the decoding settings and the judge-prompt version. A second call with the same inputs
+reads the stored output instead of running the model, so re-scoring is free and exactly
+reproducible. An output without a parseable score raises ``JudgeError`` naming the item;
+callers skip and count it, never score it.
 """
 
 from __future__ import annotations
 
-import re
+import hashlib
+import json
+import os
 import threading
 from dataclasses import dataclass
-from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
-from temper.errors import TemperError
-from temper.judges.cache import JudgeCache, cache_key
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from temper.judges import JudgeError, UnparseableOutput
+from temper.judges.backends import EndpointBackend, LocalBackend
+from temper.judges.cache import JudgeCache
+from temper.judges.parse import ScoreParseError, parse_score
 from temper.judges.rubric import Rubric
 
-_SCORE = re.compile(r"score\s*[:=]\s*(-?\d+)(?:\s*/\s*(\d+))?", re.IGNORECASE)
+#: Bump when the judge prompt below changes: it is part of every cache key.
+PROMPT_VERSION = 1
 
 
-class JudgeOutputError(TemperError):
-    """The judge's output holds no score on the rubric's scale."""
+class JudgeSpec(BaseModel):
+    """Which model judges and how. Exactly one of ``model`` (local folder) or ``base_url``."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    model: str | None = Field(default=None, description="Local Hugging Face causal LM folder.")
+    base_url: str | None = Field(default=None, description="OpenAI-compatible server, e.g. http://host:8000/v1.")
+    endpoint_model: str | None = Field(default=None, description="Model name the endpoint serves (with base_url).")
+    api_key_env: str | None = Field(default=None, description="Env var holding the endpoint's API key, if any.")
+    client: Literal["auto", "openai", "requests"] = Field(
+        default="auto", description="HTTP client for base_url: openai when importable (auto), or plain requests.")
+    scoring: Literal["generate", "choice"] = Field(
+        default="generate",
+        description="generate: parse 'Score: N' from greedy text. choice (local only): greedy one-line rationale, "
+        "then the most likely scale point as the next token, so the score always parses.")
+    max_new_tokens: int = Field(default=128, ge=1, le=4096, description="Greedy tokens of judge output.")
+    timeout_s: float = Field(default=60, gt=0, description="Endpoint request timeout.")
+    judge_id: str | None = Field(
+        default=None, description="Pinned identity for the cache key (e.g. 'qwen2.5-7b-instruct@rev'); "
+        "default: a fingerprint of the model folder, or endpoint URL + served model.")
+
+    @model_validator(mode="after")
+    def _one_source(self) -> "JudgeSpec":
+        if (self.model is None) == (self.base_url is None):
+            raise ValueError("give exactly one of judge.model (a local folder) or judge.base_url (an endpoint)")
+        if self.base_url is not None and not self.endpoint_model:
+            raise ValueError("judge.base_url needs judge.endpoint_model (the model name the server serves)")
+        if self.base_url is not None and self.scoring == "choice":
+            raise ValueError("scoring 'choice' needs next-token logits: local judge.model only")
+        return self
 
 
 @dataclass(frozen=True)
-class JudgeVerdict:
-    score: int
-    reward: float  # score mapped to [0, 1]
+class JudgeResult:
+    item_id: str
+    score: float  # in [0, 1]
+    raw_score: float  # on the rubric scale
     rationale: str
-    cached: bool = False
+    digest: str
+    cached: bool
+    judge_id: str
+    rubric_digest: str
 
 
-def parse_score(text: str, rubric: Rubric, item: str = "item") -> tuple[int, str]:
-    """'Score: 4 - concise and correct' -> (4, 'concise and correct'); errors name the item."""
-    m = _SCORE.search(text) or re.match(r"\s*(-?\d+)(?:\s*/\s*(\d+))?", text)
-    if m is None:
-        raise JudgeOutputError(f"{item}: judge output has no 'Score: N': {text[:120]!r}")
-    score = int(m.group(1))
-    if not rubric.scale_min <= score <= rubric.scale_max:
-        raise JudgeOutputError(f"{item}: judge score {score} outside the scale {rubric.scale_min}..{rubric.scale_max}")
-    rationale = text[m.end():].strip(" -:.\n") or "(no rationale)"
-    return score, rationale.splitlines()[0]
+def render_judge_prompt(rubric: Rubric, prompt: str, response: str, reference: str | None = None) -> str:
+    """The text the judge reads. Ends with the rationale cue; the score line follows it."""
+    s = rubric.scale
+    lines = [f"You are grading a response with the rubric '{rubric.name}'."]
+    if rubric.description:
+        lines.append(rubric.description)
+    lines.append("Criteria:")
+    lines += [f"- {c.name}: {c.description}" for c in rubric.criteria]
+    lines.append(f"Scale: an integer from {s.min} (worst) to {s.max} (best).")
+    lines += [f"  {k}: {v}" for k, v in sorted(s.labels.items())]
+    for ex in rubric.examples:
+        lines += ["", "Example prompt:", ex.prompt, "Example response:", ex.response,
+                  f"Rationale: {ex.rationale}".rstrip(), f"Score: {ex.score}/{s.max}"]
+    lines += ["", "Prompt:", prompt]
+    if reference is not None:
+        lines += ["Reference answer:", reference]
+    lines += ["Response:", response, "",
+              f"Write a one-line rationale, then a line 'Score: N/{s.max}'.", "Rationale:"]
+    return "\n".join(lines)
 
 
-class LocalJudge:
-    """Constrained greedy scoring with a local HF causal LM; thread-safe (one forward at a time)."""
+class Judge:
+    """Scores items with one judge spec. ``stats`` counts cache hits, model calls and unparseable outputs."""
 
-    def __init__(self, model_dir: str | Path) -> None:
-        import torch
-        from transformers import AutoModelForCausalLM, AutoTokenizer
-
-        self.model_dir = str(model_dir)
-        self.tok = AutoTokenizer.from_pretrained(self.model_dir)
-        self.model = AutoModelForCausalLM.from_pretrained(self.model_dir, dtype=torch.float32).eval()
-        self.identity = f"hf:{Path(self.model_dir).resolve()}"
+    def __init__(self, spec: JudgeSpec | dict[str, Any], cache: JudgeCache | None = None) -> None:
+        self.spec = spec if isinstance(spec, JudgeSpec) else JudgeSpec.model_validate(spec)
+        self.cache = cache or JudgeCache()
+        if self.spec.model is not None:
+            self.backend: LocalBackend | EndpointBackend = LocalBackend(self.spec.model, self.spec.max_new_tokens)
+        else:
+            key = os.environ.get(self.spec.api_key_env) if self.spec.api_key_env else None
+            self.backend = EndpointBackend(self.spec.base_url, self.spec.endpoint_model, self.spec.max_new_tokens,
+                                           self.spec.timeout_s, api_key=key, client=self.spec.client)
+        self.stats = {"cache_hits": 0, "judged": 0, "unparseable": 0}
         self._lock = threading.Lock()
+        self._identity: str | None = None
 
-    def _score_token_ids(self, rubric: Rubric) -> dict[int, int]:
-        ids = {}
-        for s in range(rubric.scale_min, rubric.scale_max + 1):
-            enc = self.tok(str(s), add_special_tokens=False)["input_ids"]
-            if len(enc) != 1:
-                raise JudgeOutputError(f"local judge {self.model_dir}: score {s} is not one token; use a 0-9 scale")
-            ids[s] = enc[0]
-        return ids
+    @property
+    def identity(self) -> str:
+        if self._identity is None:
+            self._identity = self.spec.judge_id or self.backend.identity
+        return self._identity
 
-    def judge(self, rubric: Rubric, prompt: str, response: str, item: str) -> tuple[int, str]:
-        import torch
+    def digest(self, rubric: Rubric, prompt: str, response: str, reference: str | None = None) -> str:
+        key = {"v": PROMPT_VERSION, "rubric": rubric.digest, "prompt": prompt, "response": response,
+               "reference": reference, "judge": self.identity, "scoring": self.spec.scoring,
+               "max_new_tokens": self.spec.max_new_tokens}
+        return hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()
 
-        text = rubric.judge_prompt(prompt, response) + " "
-        ids = self._score_token_ids(rubric)
-        enc = self.tok(text, return_tensors="pt")
-        with self._lock, torch.inference_mode():
-            logits = self.model(**enc).logits[0, -1]
-        probs = torch.softmax(logits[list(ids.values())], dim=0)
-        score = list(ids)[int(torch.argmax(probs))]
-        shown = ", ".join(f"{s}:{p:.2f}" for s, p in zip(ids, probs.tolist()))
-        return score, f"constrained choice over the scale ({shown})"
+    def _count(self, key: str) -> None:
+        with self._lock:
+            self.stats[key] += 1
 
+    def _run(self, rubric: Rubric, text: str) -> tuple[str, bool]:
+        if self.spec.scoring == "generate":
+            return self.backend.generate(text)
+        rationale, truncated = self.backend.generate(text)
+        rationale = rationale.split("\n", 1)[0].split("Score", 1)[0].strip()
+        cued = f"{text} {rationale}\nScore: "
+        point = self.backend.choose(cued, [str(p) for p in rubric.scale.points])
+        return f"{rationale}\nScore: {point}/{rubric.scale.max}", truncated
 
-class EndpointJudge:
-    """Greedy completion from an OpenAI-compatible server, parsed for the score."""
-
-    def __init__(self, base_url: str, model: str, max_tokens: int = 48, api_key: str = "unused") -> None:
-        from openai import OpenAI
-
-        self.client = OpenAI(base_url=base_url.rstrip("/"), api_key=api_key)
-        self.model, self.max_tokens = model, max_tokens
-        self.identity = f"openai:{base_url.rstrip('/')}:{model}"
-
-    def judge(self, rubric: Rubric, prompt: str, response: str, item: str) -> tuple[int, str]:
-        out = self.client.completions.create(model=self.model, prompt=rubric.judge_prompt(prompt, response),
-                                             max_tokens=self.max_tokens, temperature=0.0)
-        return parse_score(out.choices[0].text, rubric, item)
-
-
-class CachedJudge:
-    """A judge plus the digest cache: the object the verifier family and the flows use."""
-
-    def __init__(self, backend: LocalJudge | EndpointJudge, cache: JudgeCache) -> None:
-        self.backend, self.cache = backend, cache
-
-    def score(self, rubric: Rubric, prompt: str, response: str, item: str = "item") -> JudgeVerdict:
-        key = cache_key(rubric.digest, prompt, response, self.backend.identity)
-        hit = self.cache.get(key)
-        if hit is not None:
-            return JudgeVerdict(hit["score"], rubric.normalise(hit["score"]), hit["rationale"], cached=True)
-        score, rationale = self.backend.judge(rubric, prompt, response, item)
-        self.cache.put(key, {"score": score, "rationale": rationale})
-        return JudgeVerdict(score, rubric.normalise(score), rationale)
-
-
-_JUDGES: dict[tuple, CachedJudge] = {}
-_JUDGES_LOCK = threading.Lock()
-
-
-def get_judge(model: str | None = None, base_url: str | None = None, cache_path: str | Path | None = None,
-              **kw: Any) -> CachedJudge:
-    """One judge per (model, endpoint, cache) per process: loading a model once serves every domain."""
-    if bool(model) == bool(base_url) and not (model and base_url):
-        raise TemperError("judge: give `model` (a local HF folder) or `base_url` (+ `model` name) of an endpoint")
-    from temper.settings import get_settings
-
-    cache_path = Path(cache_path or get_settings().home / "cache" / "judge.sqlite").resolve()
-    key = (model, base_url, str(cache_path))
-    with _JUDGES_LOCK:
-        if key not in _JUDGES:
-            backend = EndpointJudge(base_url, model or "default", **kw) if base_url else LocalJudge(model)
-            _JUDGES[key] = CachedJudge(backend, JudgeCache(cache_path))
-        return _JUDGES[key]
+    def score(self, rubric: Rubric, prompt: str, response: str, *, reference: str | None = None,
+              item_id: str = "?") -> JudgeResult:
+        digest = self.digest(rubric, prompt, response, reference)
+        entry = self.cache.get(digest)
+        cached = entry is not None
+        if cached:
+            self._count("cache_hits")
+        else:
+            try:
+                output, truncated = self._run(rubric, render_judge_prompt(rubric, prompt, response, reference))
+            except JudgeError as e:
+                raise JudgeError(f"item {item_id} (rubric {rubric.name}): {e}") from None
+            entry = {"output": output, "truncated": truncated, "judge": self.identity, "rubric": rubric.name,
+                     "rubric_digest": rubric.digest, "item_id": item_id, "prompt_version": PROMPT_VERSION}
+            self.cache.put(digest, entry)
+            self._count("judged")
+        try:
+            parsed = parse_score(entry["output"], rubric.scale)
+        except ScoreParseError as e:
+            self._count("unparseable")
+            raise UnparseableOutput(f"item {item_id} (rubric {rubric.name}, judge output {digest[:12]}): {e}") from None
+        return JudgeResult(item_id=item_id, score=rubric.scale.normalize(parsed.raw), raw_score=parsed.raw,
+                           rationale=parsed.rationale, digest=digest, cached=cached, judge_id=self.identity,
+                           rubric_digest=rubric.digest)

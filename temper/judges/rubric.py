@@ -1,7 +1,8 @@
-"""A per-domain rubric: what the judge is asked to weigh, on which scale, with worked examples.
+"""The typed form of a rubric YAML: criteria, an integer scale, worked examples, calibration overrides.
 
-People edit rubrics as YAML (``rubrics/<domain>.yaml``). The rubric's digest is part of the
-judge cache key, so editing a rubric re-scores everything it touched and nothing else.
+A rubric's digest (sha256 of its canonical JSON) is part of every judge cache key and of
+every calibration run, so editing a rubric invalidates cached scores and stale calibrations
+instead of silently reusing them.
 """
 
 from __future__ import annotations
@@ -9,15 +10,54 @@ from __future__ import annotations
 import hashlib
 import json
 from pathlib import Path
+from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
 
-from temper.errors import TemperError, describe_validation_error
+from temper.errors import describe_validation_error
+from temper.judges import RubricError
+
+#: Where bare rubric names ('summaries') resolve: the shipped rubrics/ directory.
+RUBRICS_DIR = Path(__file__).resolve().parents[2] / "rubrics"
 
 
-class RubricError(TemperError):
-    """A rubric file is missing, malformed or inconsistent."""
+class Criterion(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    name: str = Field(min_length=1, description="Short name of what is judged, e.g. 'faithfulness'.")
+    description: str = Field(min_length=1, description="What a high score means on this criterion.")
+
+
+class Scale(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    min: int = Field(default=1, description="Lowest score a judge or reviewer may give.")
+    max: int = Field(default=5, description="Highest score.")
+    labels: dict[int, str] = Field(default_factory=dict, description="Meaning of (some) scale points.")
+
+    @model_validator(mode="after")
+    def _ordered(self) -> "Scale":
+        if self.max <= self.min:
+            raise ValueError(f"scale max ({self.max}) must be greater than min ({self.min})")
+        outside = sorted(k for k in self.labels if not self.min <= k <= self.max)
+        if outside:
+            raise ValueError(f"scale labels {outside} lie outside [{self.min}, {self.max}]")
+        return self
+
+    @property
+    def points(self) -> list[int]:
+        return list(range(self.min, self.max + 1))
+
+    def normalize(self, raw: float) -> float:
+        """A raw score on the scale -> [0, 1] (the verifier reward)."""
+        return (raw - self.min) / (self.max - self.min)
+
+    def to_point(self, normalized: float) -> int:
+        """A [0, 1] score -> the nearest scale point (half up): the bin kappa compares."""
+        import math
+
+        return int(math.floor(self.min + normalized * (self.max - self.min) + 0.5))
 
 
 class Example(BaseModel):
@@ -26,60 +66,84 @@ class Example(BaseModel):
     prompt: str
     response: str
     score: int
-    why: str = ""
+    rationale: str = ""
+
+
+class CalibrationOverrides(BaseModel):
+    """Per-domain overrides of the calibration policy; unset fields keep the policy default."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    min_spearman: float | None = Field(default=None, ge=-1, le=1)
+    min_kappa: float | None = Field(default=None, ge=-1, le=1)
+    min_n: int | None = Field(default=None, ge=2)
+    mode: Literal["exclude", "downweight"] | None = None
+    factor: float | None = Field(default=None, gt=0, le=1)
 
 
 class Rubric(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    name: str = Field(description="Usually the domain name.")
-    task: str = Field(description="One sentence: what a good response does.")
-    criteria: list[str] = Field(min_length=1, description="What the judge weighs, most important first.")
-    scale_min: int = Field(default=1, description="Lowest score.")
-    scale_max: int = Field(default=5, description="Highest score.")
-    examples: list[Example] = Field(default_factory=list, description="Scored examples shown to the judge.")
-    agreement_threshold: float = Field(default=0.5, ge=-1, le=1,
-                                       description="Minimum judge-human Spearman for the domain to count as verified.")
+    name: str = Field(pattern=r"^[a-z0-9][a-z0-9_\-]*$")
+    description: str = ""
+    criteria: list[Criterion] = Field(min_length=1)
+    scale: Scale = Field(default_factory=Scale)
+    examples: list[Example] = Field(default_factory=list)
+    calibration: CalibrationOverrides = Field(default_factory=CalibrationOverrides)
+    source_file: str | None = Field(default=None, exclude=True)
 
-    @model_validator(mode="after")
-    def _check(self) -> "Rubric":
-        if self.scale_max <= self.scale_min:
-            raise ValueError(f"scale_max ({self.scale_max}) must exceed scale_min ({self.scale_min})")
-        bad = [e.score for e in self.examples if not self.scale_min <= e.score <= self.scale_max]
-        if bad:
-            raise ValueError(f"example scores {bad} outside the scale {self.scale_min}..{self.scale_max}")
-        return self
+    @field_validator("examples")
+    @classmethod
+    def _examples_on_scale(cls, examples: list[Example], info: ValidationInfo) -> list[Example]:
+        scale = info.data.get("scale")
+        for i, ex in enumerate(examples if scale else []):
+            if not scale.min <= ex.score <= scale.max:
+                raise ValueError(f"examples[{i}].score {ex.score} lies outside [{scale.min}, {scale.max}]")
+        return examples
 
     @property
     def digest(self) -> str:
-        return hashlib.sha256(json.dumps(self.model_dump(mode="json"), sort_keys=True).encode()).hexdigest()
-
-    def normalise(self, score: int | float) -> float:
-        """A scale score -> reward in [0, 1]."""
-        return (float(score) - self.scale_min) / (self.scale_max - self.scale_min)
-
-    def judge_prompt(self, prompt: str, response: str) -> str:
-        lines = [f"You grade responses. Task: {self.task}", "Criteria:"]
-        lines += [f"- {c}" for c in self.criteria]
-        lines.append(f"Answer with 'Score: N' where N is an integer from {self.scale_min} to {self.scale_max}, "
-                     "then one line of rationale.")
-        for e in self.examples:
-            lines += ["", f"Prompt: {e.prompt}", f"Response: {e.response}", f"Score: {e.score}" + (f" ({e.why})" if e.why else "")]
-        lines += ["", f"Prompt: {prompt}", f"Response: {response}", "Score:"]
-        return "\n".join(lines)
+        """What the judge sees (calibration overrides excluded: changing a threshold is not a new rubric)."""
+        blob = json.dumps(self.model_dump(mode="json", exclude={"calibration"}), sort_keys=True).encode()
+        return hashlib.sha256(blob).hexdigest()
 
 
-def load_rubric(path: str | Path) -> Rubric:
-    path = Path(path)
+def parse_rubric(raw: Any, source: str) -> Rubric:
+    if not isinstance(raw, dict):
+        raise RubricError(f"{source}: expected a mapping of rubric fields, got {type(raw).__name__}")
     try:
-        raw = yaml.safe_load(path.read_text())
+        rubric = Rubric.model_validate(raw)
+    except ValidationError as e:
+        raise RubricError(describe_validation_error(source, e)) from None
+    rubric.source_file = source
+    return rubric
+
+
+def load_rubric(path: Path) -> Rubric:
+    try:
+        raw = yaml.safe_load(Path(path).read_text())
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f" line {mark.line + 1}" if mark else ""
+        raise RubricError(f"{path}:{where} malformed YAML: {getattr(e, 'problem', e)}") from None
     except OSError as e:
         raise RubricError(f"{path}: cannot read rubric: {e.strerror}") from None
-    except yaml.YAMLError as e:
-        raise RubricError(f"{path}: malformed YAML: {getattr(e, 'problem', e)}") from None
-    if not isinstance(raw, dict):
-        raise RubricError(f"{path}: expected a mapping of rubric fields, got {type(raw).__name__}")
-    try:
-        return Rubric.model_validate(raw)
-    except ValidationError as e:
-        raise RubricError(describe_validation_error(path, e)) from None
+    return parse_rubric(raw, str(path))
+
+
+def resolve_rubric(ref: str | dict[str, Any], rubrics_dir: Path | None = None) -> Rubric:
+    """A rubric from a domain's verifier params: an inline mapping, a path, or a bare name.
+
+    Bare names ('summaries') resolve to ``<rubrics_dir>/<name>.yaml`` (default: the shipped
+    rubrics/); relative paths resolve against the working directory, then the repository.
+    """
+    if isinstance(ref, dict):
+        return parse_rubric(ref, f"inline rubric {ref.get('name', '?')!r}")
+    if not isinstance(ref, str) or not ref:
+        raise RubricError(f"rubric must be a name, a path or a mapping, got {ref!r}")
+    if "/" not in ref and not ref.endswith((".yaml", ".yml")):
+        return load_rubric((rubrics_dir or RUBRICS_DIR) / f"{ref}.yaml")
+    path = Path(ref)
+    if not path.is_absolute() and not path.exists():
+        path = RUBRICS_DIR.parent / ref
+    return load_rubric(path)

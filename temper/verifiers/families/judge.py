@@ -1,24 +1,57 @@
-"""The 'judge' verifier family: a rubric judge for open-ended domains (summaries, advice, analysis).
+"""The ``judge`` family: a judge model scores open-ended responses against the domain's rubric.
 
-params: rubric (path to rubrics/<domain>.yaml, relative to the repo or absolute), model (local HF
-folder of the judge) or base_url (+ model) of an OpenAI-compatible endpoint, prompt_field
-('prompt'). A judge output without a score gives ``None`` (not a 0), with the reason in the
-log, and is counted in ``unscored``: such an item is never scored silently.
+params (typed below): rubric (a name under rubrics/, a path, or an inline mapping), judge (a
+JudgeSpec: local ``model`` folder or ``base_url`` + ``endpoint_model``), prompt_template
+(str.format over the record: what the judge is told the task was), reference_field (a
+record column shown to the judge as the reference answer), calibration (per-domain overrides
+of the calibration gate; read by temper.judges.calibration, not here).
+
+A judge output without a parseable score is not a 0: ``score`` returns None, logs the item
+and the reason, and counts it in ``skipped`` / ``skips``, so a reward mean never includes
+a score the judge did not give.
 """
 
 from __future__ import annotations
 
 import logging
-from pathlib import Path
+import threading
+from collections import Counter
 from typing import Any
 
-from temper.judges.judge import JudgeOutputError, get_judge
-from temper.judges.rubric import load_rubric
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+# Registers the open-ended example generators (temper/generators.py has no plugin import yet):
+# loading any catalog imports the verifier families, so `temper data generate` finds them.
+import temper.generators_open_ended  # noqa: F401
+from temper.errors import describe_validation_error
+from temper.judges import JudgeError, RubricError, UnparseableOutput
+from temper.judges.judge import Judge, JudgeResult, JudgeSpec
+from temper.judges.rubric import CalibrationOverrides, Rubric, resolve_rubric
 from temper.verifiers.base import Verdict, Verifier
 from temper.verifiers.registry import register
 
-REPO = Path(__file__).resolve().parents[3]
-log = logging.getLogger("temper.judge")
+log = logging.getLogger(__name__)
+MAX_SKIPS_KEPT = 100
+
+
+class JudgeVerifierParams(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    rubric: str | dict[str, Any] = Field(description="Rubric name (rubrics/<name>.yaml), path, or inline mapping.")
+    judge: JudgeSpec
+    prompt_template: str = Field(default="{prompt}",
+                                 description="The task as the judge sees it (str.format over the record).")
+    reference_field: str | None = Field(default=None, description="Record column shown to the judge as a reference.")
+    calibration: CalibrationOverrides = Field(default_factory=CalibrationOverrides)
+
+
+def parse_params(params: dict[str, Any]) -> tuple[JudgeVerifierParams, Rubric]:
+    """Typed params and the resolved rubric; a bad rubric or judge spec raises naming the field."""
+    try:
+        p = JudgeVerifierParams.model_validate(params)
+    except ValidationError as e:
+        raise RubricError(describe_validation_error("judge verifier params", e)) from None
+    return p, resolve_rubric(p.rubric)
 
 
 @register
@@ -27,23 +60,41 @@ class JudgeVerifier(Verifier):
 
     def __init__(self, **params: Any) -> None:
         super().__init__(**params)
-        if "rubric" not in params:
-            raise ValueError("judge verifier: params.rubric (a rubric YAML path) is required")
-        path = Path(params["rubric"])
-        self.rubric = load_rubric(path if path.is_absolute() else REPO / path)
-        self.prompt_field = params.get("prompt_field", "prompt")
-        self._judge_args = {k: params[k] for k in ("model", "base_url", "cache_path") if params.get(k)}
-        self.unscored: list[str] = []  # one message per item skipped because the judge gave no score
+        self.config, self.rubric = parse_params(params)
+        self.judge = Judge(self.config.judge)
+        self.skipped: Counter[str] = Counter()
+        self.skips: list[dict[str, str]] = []
+        self._lock = threading.Lock()
+
+    def _skip(self, item: str, kind: str, reason: str) -> None:
+        log.warning("judge: item %s skipped (%s): %s", item, kind, reason)
+        with self._lock:
+            self.skipped[kind] += 1
+            if len(self.skips) < MAX_SKIPS_KEPT:
+                self.skips.append({"item": item, "kind": kind, "reason": reason})
+
+    def judge_record(self, record: dict[str, Any], completion: str) -> JudgeResult:
+        """The full judge result for one record; raises JudgeError (naming the item) or KeyError."""
+        item = str(record.get("id", "?"))
+        prompt = self.config.prompt_template.format(**record)
+        reference = None
+        if self.config.reference_field:
+            reference = str(record[self.config.reference_field])
+        return self.judge.score(self.rubric, prompt, completion, reference=reference, item_id=item)
 
     def score(self, record: dict[str, Any], completion: str) -> Verdict | None:
-        item = str(record.get("id", "item"))
-        if self.prompt_field not in record:
-            return None
-        judge = get_judge(**self._judge_args)
+        item = str(record.get("id", "?"))
         try:
-            v = judge.score(self.rubric, str(record[self.prompt_field]), completion, item)
-        except JudgeOutputError as e:
-            self.unscored.append(str(e))  # the message names the item
-            log.warning("%s", e)
+            result = self.judge_record(record, completion)
+        except KeyError as e:
+            self._skip(item, "missing_column", f"record has no column {e.args[0]!r}")
             return None
-        return Verdict(v.reward, {"score": v.score, "rationale": v.rationale, "cached": v.cached})
+        except UnparseableOutput as e:
+            self._skip(item, "unparseable", str(e))
+            return None
+        except JudgeError as e:
+            self._skip(item, "judge_error", str(e))
+            return None
+        return Verdict(result.score, {"raw_score": result.raw_score, "rationale": result.rationale,
+                                      "scale": [self.rubric.scale.min, self.rubric.scale.max],
+                                      "digest": result.digest, "cached": result.cached, "judge": result.judge_id})
