@@ -49,17 +49,22 @@ def eval_tags(results: dict[str, dict[str, Any]]) -> dict[str, str]:
     return tags
 
 
-def register_version(model_name: str, source: str, run_id: str, *, eval_results: dict[str, dict[str, Any]],
-                     decision: GateDecision, alias: str, fallback_alias: str, tags: dict[str, str]) -> dict[str, Any]:
-    """Create the version, tag it with eval metrics and the gate decision, set the right alias."""
+def ensure_registered_model(client: Any, model_name: str) -> None:
+    """Create the registered model unless it exists: every registering path goes through here."""
     from mlflow.exceptions import MlflowException
 
-    client = _client()
     try:
         client.create_registered_model(model_name)
     except MlflowException as e:
         if e.error_code != "RESOURCE_ALREADY_EXISTS":
             raise TrackingError(f"cannot create registered model {model_name}: {e.message}") from None
+
+
+def register_version(model_name: str, source: str, run_id: str, *, eval_results: dict[str, dict[str, Any]],
+                     decision: GateDecision, alias: str, fallback_alias: str, tags: dict[str, str]) -> dict[str, Any]:
+    """Create the version, tag it with eval metrics and the gate decision, set the right alias."""
+    client = _client()
+    ensure_registered_model(client, model_name)
     mv = client.create_model_version(
         name=model_name, source=source, run_id=run_id,
         tags={**tags, **eval_tags(eval_results), "temper.gate.passed": str(decision.passed).lower(),

@@ -97,17 +97,12 @@ def register_serving_profiles(model_name: str, source: str, report: ParityReport
 
     MLflow must already point at the tracking store (``infra.lineage.configure``).
     """
-    from mlflow.exceptions import MlflowException
     from mlflow.tracking import MlflowClient
 
-    from temper.errors import TrackingError
+    from temper.registry import ensure_registered_model
 
     client = MlflowClient()
-    try:
-        client.create_registered_model(model_name)
-    except MlflowException as e:
-        if e.error_code != "RESOURCE_ALREADY_EXISTS":
-            raise TrackingError(f"cannot create registered model {model_name}: {e.message}") from None
+    ensure_registered_model(client, model_name)
     std = client.create_model_version(name=model_name, source=source, run_id=run_id,
                                       tags={PROFILE_TAG: "standard"})
     client.set_registered_model_alias(model_name, f"{alias}-standard", std.version)

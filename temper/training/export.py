@@ -69,6 +69,8 @@ def log_and_register(model_dir: str | Path, name: str, artifact_path: str = "mod
     import mlflow
     from mlflow.tracking import MlflowClient
 
+    from temper.registry import ensure_registered_model
+
     run = mlflow.active_run()
     if run is None:
         raise TrainingError(f"cannot register {model_dir} as {name}: no active MLflow run")
@@ -77,11 +79,7 @@ def log_and_register(model_dir: str | Path, name: str, artifact_path: str = "mod
         raise TrainingError(f"{model_dir}: not an HF model folder (no config.json)")
     mlflow.log_artifacts(str(model_dir), artifact_path=artifact_path)
     client = MlflowClient()
-    try:
-        client.create_registered_model(name)
-    except mlflow.exceptions.MlflowException as e:
-        if "RESOURCE_ALREADY_EXISTS" not in str(e.error_code):
-            raise
+    ensure_registered_model(client, name)
     source = f"{run.info.artifact_uri.rstrip('/')}/{artifact_path}"
     mv = client.create_model_version(name=name, source=source, run_id=run.info.run_id,
                                      tags={"temper.format": "hf-safetensors"})
