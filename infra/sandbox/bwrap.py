@@ -29,7 +29,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from infra.sandbox.api import Limits, Profile, Result, SandboxError, safe_relpath
-from infra.sandbox import zygote
+from infra.sandbox.forkserver import ForkServer, can_serve
 from infra.sandbox.process import spawn, supervise
 
 SANDBOX_UID = 65534
@@ -143,7 +143,7 @@ class BwrapBox:
         self.dir.mkdir(mode=0o711)
         self._make_work()
         self.closed = False
-        self._warm = None  # (bwrap process running the zygote, GNU time report fd)
+        self._server: ForkServer | None = None  # the warm path (python profile), see infra.sandbox.forkserver
 
     def _make_work(self) -> None:
         self.work.mkdir(mode=0o700)
@@ -191,14 +191,17 @@ class BwrapBox:
         finally:
             os.close(fd)
 
-    def _spawn(self, argv: list[str], limits: Limits, env: Mapping[str, str]):
-        read_fd, write_fd = os.pipe() if os.path.exists(GNU_TIME) else (None, None)
+    def _spawn(self, argv: list[str], limits: Limits, env: Mapping[str, str], pass_fd: int | None = None,
+               usage: bool = True):
+        """bwrap over the work dir; ``usage``: GNU time reports CPU and peak RSS on the returned fd."""
+        read_fd, write_fd = os.pipe() if usage and os.path.exists(GNU_TIME) else (None, None)
         try:
             if write_fd is not None:
                 os.fchown(write_fd, self.backend.uid, self.backend.gid)  # GNU time reopens it as the sandbox uid
             cmd = self.backend.bwrap_argv(self.work, list(argv), limits, env, stats_fd=write_fd)
+            fds = tuple(fd for fd in (write_fd, pass_fd) if fd is not None)
             proc = spawn(self.backend.drop_privileges + cmd, env={"PATH": "/usr/bin:/bin"}, cwd="/",
-                         pass_fds=() if write_fd is None else (write_fd,), **self.backend.spawn_ids)
+                         pass_fds=fds, **self.backend.spawn_ids)
         finally:
             if write_fd is not None:
                 os.close(write_fd)
@@ -213,27 +216,28 @@ class BwrapBox:
         return result
 
     def warm(self) -> None:
-        """Python profile: start the next run's sandbox and interpreter now (see infra.sandbox.zygote)."""
-        if self._warm is None and not self.closed and self.profile.code_argv[0] == "python3":
-            proc, read_fd = self._spawn(["python3", "-I", "-c", zygote.ZYGOTE], self.profile.limits, {})
-            self._warm = (proc, read_fd)
+        """Python profile: keep a fork server running in this box (see infra.sandbox.forkserver)."""
+        if self._server is not None and not self._server.alive():
+            self._drop_warm()
+        if self._server is None and not self.closed and self.profile.code_argv[0] == "python3":
+            self._server = ForkServer(lambda argv, fd: self._spawn(argv, self.profile.limits, {}, fd, usage=False)[0])
 
     def _drop_warm(self) -> None:
-        if self._warm is not None:
-            proc, read_fd = self._warm
-            self._warm = None
-            supervise(proc, self.profile.limits.merged(wall_s=0.001))  # kills the group and reaps it
-            if read_fd is not None:
-                os.close(read_fd)
+        if self._server is not None:
+            self._server.close()
+            self._server = None
 
     def run(self, argv: list[str], limits: Limits, stdin: bytes | None = None,
             env: Mapping[str, str] | None = None) -> Result:
         if self.closed:
             raise SandboxError(f"box {self.id} is closed")
         argv = list(argv)
-        if self._warm is not None and zygote.can_serve(argv, limits, self.profile.limits, env):
-            (proc, read_fd), self._warm = self._warm, None
-            return self._finish(proc, read_fd, limits, zygote.request(argv, limits) + (stdin or b""))
+        if self._server is not None and can_serve(argv, limits, self.profile.limits, env):
+            result = self._server.run(argv, limits, stdin)
+            if not self._server.alive() or result is None:
+                self._drop_warm()  # the pool's release warms a new one
+            if result is not None:
+                return result
         proc, read_fd = self._spawn(argv, limits, env or {})
         return self._finish(proc, read_fd, limits, stdin)
 
@@ -253,11 +257,14 @@ class BwrapBox:
                 os.lchown(os.path.join(dirpath, name), self.backend.uid, self.backend.gid)
 
     def reset(self) -> None:
-        # Nothing of an earlier run is alive (its PID namespace died with it); only files remain.
-        # A waiting zygote is bound to the old work dir inode: drop it, the pool warms a new one.
-        self._drop_warm()
-        shutil.rmtree(self.work, ignore_errors=True)
-        self._make_work()
+        # Nothing of an earlier run is alive: a cold run's PID namespace died with it, and the fork
+        # server kills every process but itself before it reports. Only files remain. The work dir
+        # itself stays (a running fork server has it bound at /work); its contents go.
+        for entry in os.scandir(self.work):  # an error here makes the pool replace the box
+            if entry.is_dir(follow_symlinks=False):
+                shutil.rmtree(entry.path)
+            else:
+                os.unlink(entry.path)
 
     def healthy(self) -> bool:
         return not self.closed and self.work.is_dir() and not self.work.is_symlink()

@@ -69,13 +69,37 @@ def supervise(proc: subprocess.Popen, limits: Limits, stdin: bytes | None = None
         threading.Thread(target=_feed, args=(proc, stdin), daemon=True).start()
     else:
         _feed(proc, stdin or b"")  # fits in the empty pipe: cannot block
-    bufs = {proc.stdout.fileno(): bytearray(), proc.stderr.fileno(): bytearray()}
     pidfd = os.pidfd_open(proc.pid)
+    try:
+        (out, err), total, reason = collect([proc.stdout.fileno(), proc.stderr.fileno()], pidfd, limits, deadline)
+    finally:
+        _kill_tree(proc)  # on success too: stragglers of the same group go with the main process
+        _, status, usage = os.wait4(proc.pid, 0)
+        proc.returncode = os.waitstatus_to_exitcode(status)
+        os.close(pidfd)
+        proc.stdout.close()
+        proc.stderr.close()
+    wall = time.monotonic() - start
+    code = os.WEXITSTATUS(status) if os.WIFEXITED(status) else None
+    sig = os.WTERMSIG(status) if os.WIFSIGNALED(status) else None
+    if signal_from_exit and code is not None and 128 < code <= 128 + 64 and reason is None:
+        code, sig = None, code - 128
+    return finish(out, err, total, reason, limits, wall, code, sig, usage.ru_utime + usage.ru_stime, usage.ru_maxrss)
+
+
+def collect(fds: Sequence[int], done_fd: int, limits: Limits, deadline: float) -> tuple[list[bytes], int, str | None]:
+    """Read fds (capped at limits.output_bytes in total) until ``done_fd`` is readable and they
+    reach EOF, the deadline passes ('timeout') or the cap is passed ('output_limit').
+
+    ``done_fd`` says the program ended: a pidfd, or a fork server's status socket. Returns the
+    kept bytes per fd, the number of bytes produced and the reason reading stopped early (or None).
+    """
+    bufs = {fd: bytearray() for fd in fds}
     sel = selectors.DefaultSelector()
     for fd in bufs:
         os.set_blocking(fd, False)
         sel.register(fd, selectors.EVENT_READ)
-    sel.register(pidfd, selectors.EVENT_READ)
+    sel.register(done_fd, selectors.EVENT_READ)
     total, reason, exited_at, pipes_open = 0, None, None, len(bufs)
     try:
         while reason is None:
@@ -84,12 +108,12 @@ def supervise(proc: subprocess.Popen, limits: Limits, stdin: bytes | None = None
                 reason = "timeout"
                 break
             if exited_at is not None and (pipes_open == 0 or now - exited_at > _DRAIN_S):
-                break  # exited; output drained (or held open by stragglers, which die below)
+                break  # exited; output drained (or held open by stragglers, which the caller kills)
             wait = deadline - now if exited_at is None else min(deadline - now, _DRAIN_S)
             for key, _ in sel.select(wait):
-                if key.fd == pidfd:
+                if key.fd == done_fd:
                     exited_at = time.monotonic()
-                    sel.unregister(pidfd)
+                    sel.unregister(done_fd)
                     continue
                 chunk = os.read(key.fd, 65536)
                 if not chunk:
@@ -103,23 +127,17 @@ def supervise(proc: subprocess.Popen, limits: Limits, stdin: bytes | None = None
                     reason = "output_limit"
                     break
     finally:
-        _kill_tree(proc)  # on success too: stragglers of the same group go with the main process
-        _, status, usage = os.wait4(proc.pid, 0)
-        proc.returncode = os.waitstatus_to_exitcode(status)
         sel.close()
-        os.close(pidfd)
-        proc.stdout.close()
-        proc.stderr.close()
-    wall = time.monotonic() - start
-    out, err = (bytes(b) for b in bufs.values())
-    code = os.WEXITSTATUS(status) if os.WIFEXITED(status) else None
-    sig = os.WTERMSIG(status) if os.WIFSIGNALED(status) else None
-    if signal_from_exit and code is not None and 128 < code <= 128 + 64 and reason is None:
-        code, sig = None, code - 128
+    return [bytes(b) for b in bufs.values()], total, reason
+
+
+def finish(out: bytes, err: bytes, total: int, reason: str | None, limits: Limits, wall: float,
+           code: int | None, sig: int | None, cpu_s: float, max_rss_kb: float) -> Result:
+    """The Result of a run from what was collected and how the program ended, classified."""
     result = Result(
         stdout=out.decode(errors="replace"), stderr=err.decode(errors="replace"), exit_code=code, signal=sig,
-        verdict=reason or "ok", wall_s=round(wall, 4), cpu_s=round(usage.ru_utime + usage.ru_stime, 4),
-        max_rss_mb=round(usage.ru_maxrss / 1024, 2), truncated=total > limits.output_bytes,
+        verdict=reason or "ok", wall_s=round(wall, 4), cpu_s=round(cpu_s, 4),
+        max_rss_mb=round(max_rss_kb / 1024, 2), truncated=total > limits.output_bytes,
     )
     return classify(result, err)
 

@@ -19,7 +19,6 @@ itself is broken: None, not 0. Sandbox overload (queue deadline, back-pressure) 
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import secrets
 from typing import Any
@@ -147,6 +146,7 @@ class TerminalVerifier(Verifier):
 
     family = "terminal"
     sandbox_profile = "shell"
+    offload = True  # a session of several sandboxed commands, waited on in a worker thread
 
     def score(self, record: dict[str, Any], completion: str) -> Verdict | None:
         mode = self.params.get("mode", "check")
@@ -190,5 +190,3 @@ class TerminalVerifier(Verifier):
         return Verdict(1.0 if same else 0.0, {"commands_verdict": got.verdict, "commands_exit": got.exit_code,
                                               "output": got.stdout[-500:], "expected": ref.stdout[-500:]})
 
-    async def ascore(self, record: dict[str, Any], completion: str) -> Verdict | None:
-        return await asyncio.to_thread(self.score, record, completion)
