@@ -42,6 +42,8 @@ class Limits(BaseModel):
     nofile: int = Field(default=256, ge=16, description="RLIMIT_NOFILE: open file descriptors per process.")
     output_bytes: int = Field(default=1_000_000, ge=1024, description="stdout+stderr kept; more kills the run.")
     tmp_mb: int = Field(default=64, ge=1, description="Size of the private /tmp tmpfs (MiB).")
+    disk_mb: int = Field(default=256, ge=1, description="Size of the work dir where the backend can give it its "
+                         "own filesystem (bwrap as root: a tmpfs per box); fixed when the box is made.")
 
     def merged(self, **overrides: float | int | None) -> "Limits":
         """A copy with the non-None overrides applied (CLI flags, verifier params)."""

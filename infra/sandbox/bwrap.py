@@ -17,10 +17,12 @@ to stop a program from tricking the host into writing through a link it planted.
 
 from __future__ import annotations
 
+import ctypes
 import io
 import os
 import shutil
 import stat
+import subprocess
 import tarfile
 import tempfile
 import uuid
@@ -29,6 +31,8 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from infra.sandbox.api import Limits, Profile, Result, SandboxError, safe_relpath
+from infra.sandbox import seccomp
+from infra.sandbox.cgroups import BoxCgroup, Cgroups
 from infra.sandbox.forkserver import ForkServer, can_serve
 from infra.sandbox.process import spawn, supervise
 
@@ -79,6 +83,11 @@ class BwrapBackend:
         (etc / "group").write_text(f"root:x:0:\nsandbox:x:{gid}:\n")
         self._etc = [("--ro-bind", str(etc / "passwd"), "/etc/passwd"), ("--ro-bind", str(etc / "group"), "/etc/group")]
         self._etc += [("--ro-bind", f"/etc/{n}", f"/etc/{n}") for n in _ETC_FILES if os.path.exists(f"/etc/{n}")]
+        self.seccomp = seccomp.program()  # None on an arch without a syscall table: no filter
+        self.cgroups = Cgroups.detect() if os.geteuid() == 0 else None  # None: rlimits only
+        self.can_mount = os.geteuid() == 0 and _mount_works(self.root)  # work dirs get their own tmpfs
+        help_text = subprocess.run(["bwrap", "--help"], capture_output=True, text=True).stdout
+        self.disable_userns = "--disable-userns" in help_text  # bwrap >= 0.8
 
     def create_box(self, profile: Profile) -> "BwrapBox":
         return BwrapBox(self, profile)
@@ -89,10 +98,14 @@ class BwrapBackend:
             self._finalizer()
 
     def bwrap_argv(self, work: Path, argv: list[str], limits: Limits, env: Mapping[str, str],
-                   stats_fd: int | None = None) -> list[str]:
+                   stats_fd: int | None = None, seccomp_fd: int | None = None) -> list[str]:
         cmd = ["bwrap", "--unshare-all", "--die-with-parent", "--new-session", "--cap-drop", "ALL",
                "--uid", str(self.uid), "--gid", str(self.gid), "--hostname", "sandbox",
                "--ro-bind", "/usr", "/usr"]
+        if self.disable_userns:  # no nested user namespaces (which would give a run new capabilities)
+            cmd += ["--unshare-user", "--disable-userns"]
+        if seccomp_fd is not None:
+            cmd += ["--seccomp", str(seccomp_fd)]
         for name in ("bin", "lib", "lib64", "sbin"):
             if os.path.islink(f"/{name}"):
                 cmd += ["--symlink", os.readlink(f"/{name}"), f"/{name}"]
@@ -132,6 +145,31 @@ def _with_usage(result: Result, read_fd: int) -> Result:
     return result.model_copy(update={"cpu_s": round(user + system, 3), "max_rss_mb": round(rss_kb / 1024, 2)})
 
 
+_libc = ctypes.CDLL(None, use_errno=True)
+_MNT_DETACH, _MS_NOSUID, _MS_NODEV = 2, 2, 4
+
+
+def _mount_tmpfs(path: Path, size_mb: int, uid: int, gid: int) -> bool:
+    """A size-capped tmpfs on path: the work dir's disk quota (ENOSPC past it). False if refused."""
+    options = f"size={size_mb}m,mode=0700,uid={uid},gid={gid}".encode()
+    return _libc.mount(b"tmpfs", str(path).encode(), b"tmpfs", _MS_NOSUID | _MS_NODEV, options) == 0
+
+
+def _umount(path: Path) -> None:
+    _libc.umount2(str(path).encode(), _MNT_DETACH)
+
+
+def _mount_works(root: Path) -> bool:
+    probe = Path(tempfile.mkdtemp(dir=root, prefix="mount-probe-"))
+    try:
+        ok = _mount_tmpfs(probe, 1, 0, 0)
+        if ok:
+            _umount(probe)
+        return ok
+    finally:
+        probe.rmdir()
+
+
 class BwrapBox:
     """One work dir on the host; each ``run`` is a new bwrap over it."""
 
@@ -141,13 +179,18 @@ class BwrapBox:
         self.dir = backend.root / self.id
         self.work = self.dir / "work"
         self.dir.mkdir(mode=0o711)
-        self._make_work()
+        self.work.mkdir(mode=0o700)
+        self.mounted = backend.can_mount and _mount_tmpfs(self.work, profile.limits.disk_mb, backend.uid, backend.gid)
+        os.chown(self.work, self.backend.uid, self.backend.gid)
+        self.cgroup: BoxCgroup | None = backend.cgroups.create(f"temper-{self.id}") if backend.cgroups else None
         self.closed = False
         self._server: ForkServer | None = None  # the warm path (python profile), see infra.sandbox.forkserver
 
-    def _make_work(self) -> None:
-        self.work.mkdir(mode=0o700)
-        os.chown(self.work, self.backend.uid, self.backend.gid)
+    def _budget(self, limits: Limits) -> None:
+        """The box cgroup's limits for the next run: its memory plus what its tmpfs may hold."""
+        if self.cgroup is not None:
+            disk = self.profile.limits.disk_mb if self.mounted else 0
+            self.cgroup.set_limit((limits.memory_mb + 2 * limits.tmp_mb + disk) << 20)
 
     def _host_path(self, path: str) -> Path:
         rel = safe_relpath(path)
@@ -195,16 +238,24 @@ class BwrapBox:
                usage: bool = True):
         """bwrap over the work dir; ``usage``: GNU time reports CPU and peak RSS on the returned fd."""
         read_fd, write_fd = os.pipe() if usage and os.path.exists(GNU_TIME) else (None, None)
+        filter_fd = None
         try:
             if write_fd is not None:
                 os.fchown(write_fd, self.backend.uid, self.backend.gid)  # GNU time reopens it as the sandbox uid
-            cmd = self.backend.bwrap_argv(self.work, list(argv), limits, env, stats_fd=write_fd)
-            fds = tuple(fd for fd in (write_fd, pass_fd) if fd is not None)
-            proc = spawn(self.backend.drop_privileges + cmd, env={"PATH": "/usr/bin:/bin"}, cwd="/",
+            if self.backend.seccomp is not None:  # bwrap reads the filter from a pipe, once
+                filter_fd, filter_w = os.pipe()
+                os.write(filter_w, self.backend.seccomp)  # < 1 KiB: fits in the empty pipe
+                os.close(filter_w)
+            cmd = self.backend.bwrap_argv(self.work, list(argv), limits, env, stats_fd=write_fd, seccomp_fd=filter_fd)
+            fds = tuple(fd for fd in (write_fd, pass_fd, filter_fd) if fd is not None)
+            self._budget(limits)
+            enter = self.cgroup.enter_argv() if self.cgroup is not None else []
+            proc = spawn(enter + self.backend.drop_privileges + cmd, env={"PATH": "/usr/bin:/bin"}, cwd="/",
                          pass_fds=fds, **self.backend.spawn_ids)
         finally:
-            if write_fd is not None:
-                os.close(write_fd)
+            for fd in (write_fd, filter_fd):
+                if fd is not None:
+                    os.close(fd)
         return proc, read_fd
 
     def _finish(self, proc, read_fd: int | None, limits: Limits, stdin: bytes | None) -> Result:
@@ -232,14 +283,19 @@ class BwrapBox:
         if self.closed:
             raise SandboxError(f"box {self.id} is closed")
         argv = list(argv)
+        ooms = self.cgroup.oom_kills() if self.cgroup is not None else 0
+        result = None
         if self._server is not None and can_serve(argv, limits, self.profile.limits, env):
+            self._budget(limits)
             result = self._server.run(argv, limits, stdin)
             if not self._server.alive() or result is None:
                 self._drop_warm()  # the pool's release warms a new one
-            if result is not None:
-                return result
-        proc, read_fd = self._spawn(argv, limits, env or {})
-        return self._finish(proc, read_fd, limits, stdin)
+        if result is None:
+            proc, read_fd = self._spawn(argv, limits, env or {})
+            result = self._finish(proc, read_fd, limits, stdin)
+        if self.cgroup is not None and self.cgroup.oom_kills() > ooms and result.verdict != "timeout":
+            result = result.model_copy(update={"verdict": "memory"})  # the box's OOM killer ended a process
+        return result
 
     def snapshot(self) -> bytes:
         buf = io.BytesIO()
@@ -273,4 +329,8 @@ class BwrapBox:
         if not self.closed:
             self._drop_warm()
             self.closed = True
+            if self.mounted:
+                _umount(self.work)
             shutil.rmtree(self.dir, ignore_errors=True)
+            if self.cgroup is not None:
+                self.cgroup.remove()

@@ -14,8 +14,9 @@ what is here is plain logic, tested against a fake of that layer.
 
 Differences from the bwrap backend, by construction: the whole pod is the sandbox, so files are
 written and read by the sandbox uid itself (a planted symlink can only point inside the pod);
-/tmp is emptied before each run rather than being a fresh tmpfs; ``Limits.tmp_mb`` is not
-applied (the pod's emptyDirs are ``sandbox_scratch`` each); RLIMIT_NPROC only applies where the
+/tmp is emptied before each run rather than being a fresh tmpfs; ``Limits.tmp_mb`` and
+``Limits.disk_mb`` are not applied (the pod's emptyDirs are ``sandbox_scratch`` each, and the
+pod's memory limit is the box-wide memory budget); RLIMIT_NPROC only applies where the
 pod has its own user namespace (the node's pids limit caps a fork bomb otherwise).
 """
 

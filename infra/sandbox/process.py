@@ -21,7 +21,7 @@ from infra.sandbox.api import Limits, Outcome, Result
 
 # Last words of a program that ran out of address space (Python, glibc, C++, bash).
 _MEMORY_TAIL = re.compile(rb"MemoryError|Cannot allocate memory|std::bad_alloc|out of memory|xmalloc: cannot")
-_FILE_TOO_LARGE = re.compile(rb"File too large")
+_FILE_TOO_LARGE = re.compile(rb"File too large|No space left on device")  # fsize rlimit, work dir quota
 # Grace for the pipes to reach EOF once the main process has exited (orphans may hold them).
 _DRAIN_S = 0.2
 _PIPE_CAPACITY = 65536  # Linux default pipe buffer

@@ -175,3 +175,65 @@ def test_symlink_planted_by_program_cannot_redirect_host_writes(pool):
 def test_pool_is_whole_after_the_barrage(pool):
     assert pool._idle.qsize() == pool.size + pool.spare and pool.pending == 0
     assert pool.exec(code="import os; print(sorted(os.listdir('.')))").stdout == "['main.py']\n"  # reclaimed
+
+
+SYSCALL_PROBE = r'''
+import ctypes, os, subprocess, threading
+libc = ctypes.CDLL(None, use_errno=True)
+def errno_of(*args):
+    return (libc.syscall(*args), ctypes.get_errno())
+print(errno_of(101, 0, 0, 0, 0), errno_of(272, 0x10000000), errno_of(56, 0x10000000 | 17, 0, 0, 0),
+      errno_of(425, 1, 0), errno_of(321, 0, 0, 0), errno_of(250, 0, 0), errno_of(323, 0))
+t = threading.Thread(target=print, args=("thread",)); t.start(); t.join()
+print(subprocess.run(["echo", "subprocess"], capture_output=True, text=True).stdout.strip())
+import multiprocessing
+with multiprocessing.Pool(2) as p:
+    print(p.map(abs, [-1, -2]))
+'''
+
+
+@pytest.mark.skipif(os.uname().machine != "x86_64", reason="the seccomp table is x86_64's")
+@pytest.mark.parametrize("path", ["warm", "cold"])
+def test_seccomp_denies_kernel_interfaces_but_not_processes_or_threads(pool, path):
+    """ptrace, unshare, clone(CLONE_NEWUSER), io_uring, bpf, keyctl, userfaultfd -> EPERM."""
+    if path == "warm":
+        r = run(pool, SYSCALL_PROBE)
+    else:
+        with pool.lease() as box:
+            box.write_files({"probe.py": SYSCALL_PROBE})
+            r = box.run(["python3", "-I", "-S", "probe.py"], LIMITS)  # not servable warm: a cold bwrap
+    assert r.ok, r.stderr
+    assert r.stdout.splitlines() == ["(-1, 1) " * 6 + "(-1, 1)", "thread", "subprocess", "[1, 2]"]
+
+
+MANY_MODEST_PROCESSES = """
+import os, time
+kids = []
+for _ in range(8):  # 8 x 300 MB: each under the 1536 MB RLIMIT_AS, together over the box's budget
+    pid = os.fork()
+    if pid == 0:
+        block = bytearray(300 * 2**20)
+        for i in range(0, len(block), 4096):
+            block[i] = 1
+        time.sleep(1)
+        os._exit(0)
+    kids.append(pid)
+print(sorted(os.waitpid(k, 0)[1] for k in kids))
+"""
+
+
+def test_memory_of_the_whole_box_is_bounded(pool):
+    if pool.backend.cgroups is None:
+        pytest.skip("no writable cgroup here: rlimits bound each process only")
+    r = run(pool, MANY_MODEST_PROCESSES, LIMITS.merged(wall_s=8))
+    assert r.verdict == "memory", r
+    assert r.stdout.startswith("[0") and "9]" in r.stdout  # some children ran, the box's OOM killer ended others
+
+
+def test_work_dir_has_a_disk_quota(pool):
+    if not pool.backend.can_mount:
+        pytest.skip("cannot mount a tmpfs per work dir here: only RLIMIT_FSIZE per file applies")
+    code = "f = open('fill', 'wb')\nfor _ in range(40):\n    f.write(b'x' * 10 * 2**20)\n"
+    r = run(pool, code, LIMITS.merged(fsize_mb=1000))  # no single-file limit in the way: the quota stops it
+    assert r.verdict == "output_limit" and "No space left on device" in r.stderr
+    assert pool.profile.limits.disk_mb < 400
