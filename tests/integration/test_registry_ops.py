@@ -144,21 +144,21 @@ def test_promote_rollback_twice_then_nothing_left(tracked, model, capsys):
     assert code == 0, err
     change = json.loads(out)
     assert (change["version"], change["previous"], change["changed"]) == ("2", "1", True)
-    assert change["gate"]["passed"] is True and change["event"]["seq"] == 1
+    assert change["gate"]["passed"] is True and change["event"]["seq"] == 2  # #1: the flow set v1
     code, out, err = cli(capsys, "models", "promote", model, "candidate", "--reason", "best so far")
     assert code == 0, err
-    assert out.startswith(f"{model}@champion: v2 -> v3 (promote #2); gate: pass")
+    assert out.startswith(f"{model}@champion: v2 -> v3 (promote #3); gate: pass")
     assert aliases(model) == {"champion": "3", "candidate": "3"}
 
     code, out, _ = cli(capsys, "models", "rollback", model, "--reason", "bad outputs in prod")
-    assert code == 0 and out.strip() == f"{model}@champion: v3 -> v2 (rollback #3)"
+    assert code == 0 and out.strip() == f"{model}@champion: v3 -> v2 (rollback #4)"
     code, out, _ = cli(capsys, "models", "rollback", model)
-    assert code == 0 and out.strip() == f"{model}@champion: v2 -> v1 (rollback #4)"
+    assert code == 0 and out.strip() == f"{model}@champion: v2 -> v1 (rollback #5)"
     assert aliases(model)["champion"] == "1"
     code, _, err = cli(capsys, "models", "rollback", model)
     assert code == 1
     assert err.strip() == (f"temper: error: {model}@champion: no previous holder in the audit trail "
-                           f"(4 event(s); @champion is v1); nothing to roll back to")
+                           f"(5 event(s); @champion is v1); nothing to roll back to")
     assert aliases(model)["champion"] == "1"
 
     from mlflow.tracking import MlflowClient
@@ -167,11 +167,13 @@ def test_promote_rollback_twice_then_nothing_left(tracked, model, capsys):
 
     trail = audit_trail(model)
     assert [(e.action, e.previous, e.version) for e in trail] == [
-        ("promote", "1", "2"), ("promote", "2", "3"), ("rollback", "3", "2"), ("rollback", "2", "1")]
-    assert trail[0].reason == "arithmetic +0.4" and trail[2].reason == "bad outputs in prod"
-    assert trail[0].time.endswith("+00:00") and not trail[0].forced
+        ("promote", None, "1"), ("promote", "1", "2"), ("promote", "2", "3"), ("rollback", "3", "2"),
+        ("rollback", "2", "1")]
+    assert trail[0].reason == "post_training gate: test gate" and trail[0].by.endswith("(post_training flow)")
+    assert trail[1].reason == "arithmetic +0.4" and trail[3].reason == "bad outputs in prod"
+    assert trail[1].time.endswith("+00:00") and not trail[1].forced
     on_v1 = json.loads(MlflowClient().get_model_version(model, "1").tags["temper.audit.champion"])
-    assert (on_v1["action"], on_v1["seq"], on_v1["previous"]) == ("rollback", 4, "2")
+    assert (on_v1["action"], on_v1["seq"], on_v1["previous"]) == ("rollback", 5, "2")
 
     code, out, _ = cli(capsys, "models", "list", model, "--json")
     listed = {v["version"]: v for v in json.loads(out)}
@@ -196,7 +198,7 @@ def test_gate_blocks_promotion_until_forced(tracked, model, capsys):
     assert aliases(model)["champion"] == "1"
     from temper.registry_ops import audit_trail
 
-    assert audit_trail(model) == []
+    assert [(e.version, e.reason) for e in audit_trail(model)] == [("1", "post_training gate: test gate")]
     # a looser policy lets it through the gate (mean +0.0: tool_calls +0.25, arithmetic -0.25) -> still a tie
     code, _, err = cli(capsys, "models", "promote", model, "2", "--reason", "try", "--max-regression", "0.3")
     assert code == 1 and "mean improvement +0.000 does not exceed min_improvement 0.0" in err
@@ -204,7 +206,7 @@ def test_gate_blocks_promotion_until_forced(tracked, model, capsys):
     assert code == 0, err
     assert "gate: FAIL (forced): arithmetic regressed by 0.250" in out
     assert aliases(model)["champion"] == "2"
-    assert audit_trail(model)[0].forced is True
+    assert audit_trail(model)[-1].forced is True
     code, out, _ = cli(capsys, "models", "promote", model, "2", "--reason", "again")
     assert code == 0 and "already on v2; nothing changed" in out
 
@@ -218,7 +220,7 @@ def test_bad_input_is_one_clear_line_and_changes_nothing(tracked, shared, capsys
             f"{model}: no alias 'staging' (aliases: candidate->v3, champion->v1)",
         ("models", "promote", model, "2", "--reason", "  "): "a reason is required",
         ("models", "promote", model, "2", "--reason", "x", "--alias", "v7"): f"{model}: cannot set alias 'v7' on v2",
-        ("models", "rollback", model): f"{model}@champion: no previous holder in the audit trail (0 event(s)",
+        ("models", "rollback", model): f"{model}@champion: no previous holder in the audit trail (1 event(s)",
         ("models", "compare", model, "1", "3"):
             f"{model}: v1 and v3 share no evaluated domain (v1: arithmetic, invoice_extraction, tool_calls; v3: code)",
         ("models", "compare", model, "1", "champion", "--domains", "x*"):
@@ -233,7 +235,8 @@ def test_bad_input_is_one_clear_line_and_changes_nothing(tracked, shared, capsys
     assert aliases(model) == {"champion": "1", "candidate": "3"}
     from temper.registry_ops import audit_trail
 
-    assert audit_trail(model) == []
+    assert [(e.version, e.previous) for e in audit_trail(model)] == [("1", None)]  # the flow's, nothing more
+    assert [(e.version, e.previous) for e in audit_trail(model, "candidate")] == [("2", None), ("3", "2")]
 
 
 def test_compare_known_metrics_with_bootstrap_and_chart(tracked, shared, capsys):

@@ -7,6 +7,7 @@ One tiny model and one pair of generated datasets per module; each test runs who
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 import pytest
@@ -147,3 +148,30 @@ def test_killed_run_resumes_with_identical_losses_and_refuses_changed_data(works
         path.write_bytes(original)
     assert status != 0
     assert any("dataset changed since the checkpoint" in line and "multiplication" in line for line in lines)
+
+
+def step_metrics(output_dir: Path) -> dict[int, dict]:
+    rows = [json.loads(line) for line in (output_dir / "metrics.jsonl").read_text().splitlines()]
+    return {r["step"]: r for r in rows if "loss" in r}
+
+
+def test_killed_grpo_run_resumes_with_identical_sampling_rewards_and_kl(workspace):
+    """GRPO's losses depend on sampled completions: equal per-step rewards after a resume mean the
+    generation RNG, the domain sampler and the data order all came back."""
+    common = dict(mode="grpo", base_model=str(workspace / "tiny"), max_steps=6, save_steps=3, learning_rate=1e-3,
+                  per_device_batch_size=8, num_generations=4, max_completion_length=4, temperature=1.0, beta=0.04)
+    status, lines = launch(write_config(workspace, "grpo_straight", **common), "grpo")
+    assert status == 0, "\n".join(lines[-40:])
+    interrupted = write_config(workspace, "grpo_interrupted", **common)
+    status, lines = launch(interrupted, "grpo", stop_when="checkpoint step 3 synced")
+    assert status == 130, "\n".join(lines[-40:])
+    status, lines = launch(interrupted, "grpo")
+    assert status == 0, "\n".join(lines[-40:])
+    assert any("resuming from" in line and "checkpoint-3" in line for line in lines)
+
+    expected, resumed = step_metrics(workspace / "grpo_straight"), step_metrics(workspace / "grpo_interrupted")
+    assert sorted(resumed) == sorted(expected) == list(range(1, 7))
+    assert "kl" in expected[1] and any(k.startswith("reward/") for k in expected[1]), sorted(expected[1])
+    for step, row in expected.items():
+        for key in (k for k in row if k in ("loss", "kl") or k.startswith("reward/")):
+            assert abs(resumed[step].get(key, math.nan) - row[key]) <= 1e-5, (step, key, row, resumed[step])

