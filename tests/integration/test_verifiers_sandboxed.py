@@ -82,3 +82,34 @@ def test_terminal_output_mode_on_nl2bash_style_records():
     assert v.score(records[0], "rm logs/app.log; echo 0").reward == 0.0
     assert v.score(records[1], "find src -name '*.py' | sed 's|^|./|'").reward == 1.0  # order-insensitive
     assert v.score(records[1], "ls").reward == 0.0
+
+
+def test_grpo_reward_function_scores_a_mixed_batch_through_the_sandbox_concurrently():
+    """What GRPOTrainer calls each step: DomainRewards over code (sandboxed) and arithmetic (in
+    process) samples. Sleeping completions show the sandboxed ones overlap instead of queueing."""
+    import json
+
+    from temper.catalog import load_catalog
+    from temper.training.rewards import DomainRewards
+    from tests.conftest import REPO
+
+    catalog = load_catalog(REPO / "domains")
+    rewards = DomainRewards([catalog["python_functions"], catalog["arithmetic"]])
+    code = generate("python_functions", 4, 3, 0.0, {}).to_dict(orient="records")
+    once = "    if not globals().get('_slept'):\n        globals()['_slept'] = __import__('time').sleep(1.0) or 1\n"
+    slow_right = [once + r["reference"] for r in code]  # the body sleeps 1 s on its first call only
+    batch = [("python_functions", r, c) for r, c in zip(code, slow_right)]
+    sums = {"question": "3 + 4", "answer": "7", "reference": "7"}
+    batch += [("python_functions", code[0], "    return None\n"), ("arithmetic", sums, " 7"), ("arithmetic", sums, " 8")]
+    call = dict(prompts=[""], completions=[code[0]["reference"]], domain=["python_functions"],
+                record=[json.dumps(code[0])])
+    assert rewards(**call) == [1.0]  # starts the shared sandbox pool (one box per core) outside the clock
+    rewards.reset_stats()
+    start = time.monotonic()
+    out = rewards(prompts=[""] * len(batch), completions=[c for _, _, c in batch], domain=[d for d, _, _ in batch],
+                  record=[json.dumps(r) for _, r, _ in batch])
+    elapsed = time.monotonic() - start
+    assert out[:4] == [1.0] * 4 and out[4] < 1.0 and out[5:] == [1.0, 0.0], out
+    # serial: >= 4 s; with the pool's 2 boxes (2 cores here) the four sleeps take two rounds
+    assert elapsed < 3.5, f"{elapsed:.2f}s: the four 1 s sandboxed samples ran one after another"
+    assert rewards.summary()["python_functions"]["n"] == 5
