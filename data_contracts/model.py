@@ -5,10 +5,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
-import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from temper.errors import ContractError, describe_validation_error
+from temper.config_files import load_config
+from temper.errors import ContractError
 
 ColumnType = Literal["str", "int", "float", "bool"]
 
@@ -67,18 +67,7 @@ class Contract(BaseModel):
 
 
 def load_contract(path: Path) -> Contract:
-    try:
-        raw = yaml.safe_load(path.read_text())
-    except yaml.YAMLError as e:
-        raise ContractError(f"{path}: malformed YAML: {getattr(e, 'problem', e)}") from None
-    if not isinstance(raw, dict):
-        raise ContractError(f"{path}: expected a mapping of contract fields")
-    try:
-        contract = Contract.model_validate(raw)
-    except ValidationError as e:
-        raise ContractError(describe_validation_error(path, e)) from None
-    contract.source_file = str(path)
-    return contract
+    return load_config(path, Contract, ContractError, "contract")
 
 
 def load_contracts(directory: Path) -> dict[str, Contract]:

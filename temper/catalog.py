@@ -11,10 +11,10 @@ import fnmatch
 from pathlib import Path
 from typing import Any, Literal
 
-import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from temper.errors import CatalogError, describe_validation_error
+from temper.config_files import load_config
+from temper.errors import CatalogError
 
 
 class DatasetSpec(BaseModel):
@@ -108,22 +108,7 @@ class Domain(BaseModel):
 
 def load_domain(path: Path) -> Domain:
     """Parse one domain file; every failure names the file, the field and the reason."""
-    try:
-        raw = yaml.safe_load(path.read_text())
-    except yaml.YAMLError as e:
-        mark = getattr(e, "problem_mark", None)
-        where = f" line {mark.line + 1}" if mark else ""
-        raise CatalogError(f"{path}:{where} malformed YAML: {getattr(e, 'problem', e)}") from None
-    except OSError as e:
-        raise CatalogError(f"{path}: cannot read: {e.strerror}") from None
-    if not isinstance(raw, dict):
-        raise CatalogError(f"{path}: expected a mapping of domain fields, got {type(raw).__name__}")
-    try:
-        domain = Domain.model_validate(raw)
-    except ValidationError as e:
-        raise CatalogError(describe_validation_error(path, e)) from None
-    domain.source_file = str(path)
-    return domain
+    return load_config(path, Domain, CatalogError, "domain")
 
 
 def load_catalog(directory: Path | str) -> dict[str, Domain]:

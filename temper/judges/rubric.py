@@ -12,10 +12,9 @@ import json
 from pathlib import Path
 from typing import Any, Literal
 
-import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
-from temper.errors import describe_validation_error
+from temper.config_files import load_config, parse_config
 from temper.judges import RubricError
 
 #: Where bare rubric names ('summaries') resolve: the shipped rubrics/ directory.
@@ -109,26 +108,11 @@ class Rubric(BaseModel):
 
 
 def parse_rubric(raw: Any, source: str) -> Rubric:
-    if not isinstance(raw, dict):
-        raise RubricError(f"{source}: expected a mapping of rubric fields, got {type(raw).__name__}")
-    try:
-        rubric = Rubric.model_validate(raw)
-    except ValidationError as e:
-        raise RubricError(describe_validation_error(source, e)) from None
-    rubric.source_file = source
-    return rubric
+    return parse_config(raw, Rubric, source, RubricError, "rubric")
 
 
 def load_rubric(path: Path) -> Rubric:
-    try:
-        raw = yaml.safe_load(Path(path).read_text())
-    except yaml.YAMLError as e:
-        mark = getattr(e, "problem_mark", None)
-        where = f" line {mark.line + 1}" if mark else ""
-        raise RubricError(f"{path}:{where} malformed YAML: {getattr(e, 'problem', e)}") from None
-    except OSError as e:
-        raise RubricError(f"{path}: cannot read rubric: {e.strerror}") from None
-    return parse_rubric(raw, str(path))
+    return load_config(path, Rubric, RubricError, "rubric")
 
 
 def resolve_rubric(ref: str | dict[str, Any], rubrics_dir: Path | None = None) -> Rubric:
