@@ -17,10 +17,8 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import os
 import statistics
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -28,6 +26,8 @@ import yaml
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
+
+from workspace import embedded_workspace  # noqa: E402 (benchmarks/workspace.py)
 
 
 def main() -> None:
@@ -39,11 +39,7 @@ def main() -> None:
     ap.add_argument("--lr", type=float, default=2e-5)
     args = ap.parse_args()
 
-    root = Path(tempfile.mkdtemp(prefix="temper-bench-smollm2-"))
-    os.environ.update({"TEMPER_HOME": str(root / "home"), "TEMPER_CATALOG_DIR": str(REPO / "domains"),
-                       "GX_ANALYTICS_ENABLED": "false"})
-    for var in ("TEMPER_TRACKING_URI", "TEMPER_STORAGE_ROOT", "MLFLOW_TRACKING_URI"):
-        os.environ.pop(var, None)
+    root = embedded_workspace("temper-bench-smollm2-")
 
     from infra.launcher_local import run_job
     from temper.catalog import load_catalog

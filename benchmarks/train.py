@@ -36,7 +36,6 @@ import os
 import shutil
 import statistics
 import sys
-import tempfile
 import threading
 import time
 from dataclasses import dataclass, field
@@ -46,6 +45,8 @@ import yaml
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
+
+from workspace import embedded_workspace  # noqa: E402 (benchmarks/workspace.py)
 
 DOMAINS = ["arithmetic", "multiplication"]
 GLOBAL_BATCH = 16  # completions per optimizer step = 4 prompts x num_generations 4
@@ -260,11 +261,7 @@ def main() -> None:
         args.steps, args.warmup, args.rounds = 12, 3, 1
 
     t0 = time.perf_counter()
-    root = Path(tempfile.mkdtemp(prefix="temper-bench-train-"))
-    os.environ.update({"TEMPER_HOME": str(root / "home"), "TEMPER_CATALOG_DIR": str(REPO / "domains"),
-                       "GX_ANALYTICS_ENABLED": "false"})
-    for var in ("TEMPER_TRACKING_URI", "TEMPER_STORAGE_ROOT", "MLFLOW_TRACKING_URI"):
-        os.environ.pop(var, None)
+    root = embedded_workspace("temper-bench-train-")
 
     from temper.catalog import load_catalog
     from temper.datasets import generate_domain_dataset
