@@ -23,21 +23,19 @@ from __future__ import annotations
 import copy
 import warnings
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import torch
 
 from temper.rollout.config import SpeculativeConfig
+from temper.rollout.requests import DecoderHost, EngineRequest
 
-if TYPE_CHECKING:
-    from temper.rollout.engine import Engine, EngineRequest
 
 
 class SpeculativeDecoder:
     needs_prefill = False  # assisted generate encodes the prompt itself (see module docstring)
     supports_logprobs = False  # generate() would need output_scores; the fast profile serves eval, not GRPO
 
-    def __init__(self, engine: Engine, spec: SpeculativeConfig, draft=None) -> None:
+    def __init__(self, engine: DecoderHost, spec: SpeculativeConfig, draft=None) -> None:
         from transformers import GenerationConfig
 
         self.engine, self.spec = engine, spec
@@ -82,7 +80,7 @@ class SpeculativeDecoder:
                 req.active.remove(index)
 
 
-def _pad_id(engine: Engine) -> int:
+def _pad_id(engine: DecoderHost) -> int:
     pad = engine.tokenizer.pad_token_id
     return pad if pad is not None else sorted(engine.eos_ids)[0]
 

@@ -1,0 +1,136 @@
+"""The tree's layering, read from the imports themselves (docs/ARCHITECTURE.md, "Rooms").
+
+Every ``import`` of the project's own packages and of Prefect is collected with ``ast`` from
+every module, wherever it sits in the module (top level or inside a function), and checked
+against the rules below. A rule broken here is a room in the wrong place, not a style nit.
+"""
+
+from __future__ import annotations
+
+import ast
+from collections import defaultdict
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+PACKAGES = ("temper", "infra", "data_contracts", "workloads", "tasks", "flows")
+
+# room -> rooms it may import (itself is always allowed). A room is a top-level package, or
+# `temper.core` (the leaf everything may import: settings, errors, the config-file loader).
+ALLOWED = {
+    "temper.core": set(),
+    "data_contracts": {"temper.core"},
+    "infra": {"temper.core"},
+    "temper": {"temper.core", "infra", "data_contracts"},
+    "workloads": {"temper.core", "temper", "infra", "data_contracts"},
+    "tasks": {"temper.core", "temper", "infra", "data_contracts"},
+    "flows": {"temper.core", "temper", "infra", "data_contracts", "tasks"},
+}
+# Modules that may import Prefect besides flows/ and tasks/: CLI entry points that start flows
+# or servers of flows.
+PREFECT_ENTRY_POINTS = {"temper.commands.demo", "temper.commands.up", "temper.commands.resume"}
+
+
+def module_name(path: Path) -> str:
+    parts = list(path.relative_to(REPO).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts = parts[:-1]
+    return ".".join(parts)
+
+
+def room(module: str) -> str:
+    return "temper.core" if module == "temper.core" or module.startswith("temper.core.") else module.split(".")[0]
+
+
+def modules() -> dict[str, Path]:
+    return {module_name(p): p for pkg in PACKAGES for p in sorted((REPO / pkg).rglob("*.py"))}
+
+
+def imports_of(path: Path, name: str) -> set[str]:
+    """Absolute names imported by the module (relative imports resolved), TYPE_CHECKING blocks included."""
+    tree = ast.parse(path.read_text(), filename=str(path))
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    found: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found.update(a.name for a in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = package.split(".")[: len(package.split(".")) - node.level + 1]
+                base = ".".join(anchor + ([base] if base else []))
+            found.add(base)
+            found.update(f"{base}.{a.name}" for a in node.names)  # `from pkg import module`
+    return found
+
+
+@pytest.fixture(scope="module")
+def graph() -> dict[str, set[str]]:
+    mods = modules()
+    return {name: imports_of(path, name) for name, path in mods.items()}
+
+
+def test_rooms_import_only_what_they_may(graph):
+    broken = []
+    for mod, imported in graph.items():
+        for target in imported:
+            if target.split(".")[0] not in PACKAGES:
+                continue
+            src, dst = room(mod), room(target)
+            if dst != src and dst not in ALLOWED[src]:
+                broken.append(f"{mod} imports {target} ({src} may not import {dst})")
+    assert not broken, "\n".join(sorted(broken))
+
+
+def test_prefect_only_in_flows_tasks_and_flow_starting_commands(graph):
+    users = sorted(m for m, imported in graph.items()
+                   if any(t == "prefect" or t.startswith("prefect.") for t in imported)
+                   and room(m) not in ("flows", "tasks") and m not in PREFECT_ENTRY_POINTS)
+    assert users == [], f"Prefect imported outside flows/, tasks/ and flow-starting commands: {users}"
+
+
+def test_no_import_cycles(graph):
+    """No cycle among the project's modules (a `from pkg import name` edge goes to the module
+    `pkg.name` when it exists, else to `pkg`)."""
+    names = set(graph)
+    edges: dict[str, set[str]] = defaultdict(set)
+    for mod, imported in graph.items():
+        for target in imported:
+            while target and target not in names:
+                target = target.rpartition(".")[0]
+            if target and target != mod and not mod.startswith(target + "."):  # a package's own __init__
+                edges[mod].add(target)
+    # Tarjan's strongly connected components: any component of size > 1 is a cycle.
+    index, low, stack, on_stack, cycles = {}, {}, [], set(), []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in edges[v]:
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                cycles.append(sorted(comp))
+
+    for v in sorted(names):
+        if v not in index:
+            visit(v)
+    assert not cycles, "import cycles: " + "; ".join(" <-> ".join(c) for c in cycles)
+
+
+def test_workloads_never_import_prefect(graph):
+    assert not [m for m, imported in graph.items() if room(m) == "workloads"
+                and any(t.startswith("prefect") for t in imported)]
