@@ -132,7 +132,7 @@ def build_flows(serial: bool):
 
     @flow(name=f"bench_validate_fanout_{tag}", **kw)
     def validate_fanout(refs: list, catalog_dir: str) -> list:
-        return validate_domain.map(refs, unmapped(catalog_dir)).result()
+        return validate_domain.map(refs).result()
 
     @flow(name=f"bench_eval_fanout_{tag}", **kw)
     def eval_fanout(domains: list[str], settings) -> list:
@@ -228,7 +228,7 @@ def run(sizes: list[int], tmp: Path) -> tuple[dict, dict, float]:
         return str(cat), resolve_domains.fn(None, str(cat))
 
     def direct_validate(refs, cat):
-        return [validate_domain.fn(r, cat) for r in refs]
+        return [validate_domain.fn(r) for r in refs]
 
     def direct_eval(names):
         return [score_domain("fixed-completions", n, eval_settings) for n in names]

@@ -1,4 +1,4 @@
-"""evaluate: a registered model version x a set of domains, as eval jobs fanned out per domain.
+"""evaluate: a registered model version x a set of domains, as sharded eval jobs (per-domain results).
 
 Results become child runs of an 'evaluate' lifecycle run and tags on the version, so a
 version evaluated on a new domain later can be compared on it.
@@ -6,11 +6,11 @@ version evaluated on a new domain later can be compared on it.
 
 from __future__ import annotations
 
-from prefect import flow, get_run_logger, unmapped
+from prefect import flow, get_run_logger
 from prefect.artifacts import create_markdown_artifact
 
 from tasks.data import resolve_domains
-from tasks.evaluation import evaluate as evaluate_domain
+from tasks.evaluation import evaluate as evaluate_suite
 from tasks.evaluation import fetch_model, tag_version
 from temper.errors import TemperError
 from temper.lifecycle import EvaluateParams
@@ -32,8 +32,7 @@ def evaluate(params: EvaluateParams = EvaluateParams()) -> dict:
     lineage.configure()
     run_id = lineage.open_run("evaluate", f"evaluate-{params.model_name}-v{model['version']}",
                               tags={lineage.TAG_KIND: "lifecycle", "temper.model_version": model["version"]})
-    results = evaluate_domain.map(unmapped(model["model_dir"]), suite, unmapped(params.eval),
-                                  unmapped(f"v{model['version']}"), unmapped(run_id)).result()
+    results = evaluate_suite(model["model_dir"], suite, params.eval, f"v{model['version']}", run_id)
     tag_version(params.model_name, model["version"], results)
     means = {r["domain"]: r["mean_reward"] for r in results}
     markdown = (f"# evaluate {params.model_name} version {model['version']}\n\n"

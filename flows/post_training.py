@@ -21,6 +21,7 @@ from tasks.registry import champion, close_lifecycle, gate, open_lifecycle, regi
 from tasks.training import prepare_base_model, train_stage
 from temper.errors import ContractViolation
 from temper.lifecycle import PostTrainingParams
+from temper.validation import validation_workers
 
 REPORT_KEY = "post-training-report"
 
@@ -48,7 +49,7 @@ def post_training(params: PostTrainingParams = PostTrainingParams()) -> dict:
     refs, _, uncalibrated = calibration_gate(resolve_domains(params.domains))
     for name, reason in uncalibrated.items():
         logger.warning("domain %s %s", name, reason)
-    reports = validate_domain.map(refs).result()
+    reports = validate_domain.map(refs, unmapped(validation_workers(len(refs)))).result()
     domains = [r.domain for r in reports]
     lifecycle_run_id = open_lifecycle(params, run_key, reports)
     validation = validation_markdown(reports) + "".join(
@@ -75,8 +76,8 @@ def post_training(params: PostTrainingParams = PostTrainingParams()) -> dict:
     model = train_stage("grpo", params, model, run_key, lifecycle_run_id)
 
     suite = [r.name for r in resolve_domains(params.eval.domains)] if params.eval.domains else domains
-    before = evaluate.map(unmapped(base), suite, unmapped(params.eval), unmapped("base"), unmapped(lifecycle_run_id))
-    after = evaluate.map(unmapped(model), suite, unmapped(params.eval), unmapped("candidate"), unmapped(lifecycle_run_id))
+    before = evaluate.submit(base, suite, params.eval, "base", lifecycle_run_id)
+    after = evaluate.submit(model, suite, params.eval, "candidate", lifecycle_run_id)
     before, after = before.result(), after.result()
 
     champion_version, champion_means = champion(params.model_name, params.promotion.alias)

@@ -6,20 +6,21 @@ re-checks only that domain.
 
 from __future__ import annotations
 
-from prefect import flow, get_run_logger
+from prefect import flow, get_run_logger, unmapped
 from prefect.artifacts import create_markdown_artifact
 
 from tasks.data import resolve_domains, validate_domain
 from tasks.tracking import record_validation
 from temper.lifecycle import ValidateParams
 from temper.report import validation_markdown
+from temper.validation import validation_workers
 
 
 @flow(name="validate_data", log_prints=True)
 def validate_data(params: ValidateParams = ValidateParams()) -> dict:
     logger = get_run_logger()
     refs = resolve_domains(params.domains)
-    reports = validate_domain.map(refs).result()
+    reports = validate_domain.map(refs, unmapped(validation_workers(len(refs)))).result()
     markdown = validation_markdown(reports)
     create_markdown_artifact(markdown=markdown, key="validation-report", description="Data contract results")
     run_id = record_validation(reports, experiment="validate_data", run_name="validate_data")

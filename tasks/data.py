@@ -2,21 +2,27 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from prefect import task
 from prefect.context import TaskRunContext
 
+from data_contracts.model import Contract
 from data_contracts.runner import DomainReport
+from temper.catalog import Domain
 
 
 @dataclass(frozen=True)
 class DomainRef:
-    """A domain as the flow passes it between tasks: its name and the digest of its data now."""
+    """A domain as the flow passes it between tasks: its name, the digest of its data now, and the
+    domain and contract as resolved once (a mapped task must not reload the catalog: at hundreds
+    of domains that made the fan-out quadratic)."""
 
     name: str
     digest: str | None  # None: dataset missing (validation reports it)
     contract_hash: str
+    domain: Domain = field(compare=False, repr=False)
+    contract: Contract | None = field(compare=False, repr=False)
 
 
 def _validation_cache_key(_ctx: TaskRunContext, params: dict) -> str:
@@ -44,23 +50,20 @@ def resolve_domains(patterns: list[str] | None, catalog_dir: str | None = None) 
         except DatasetError:
             digest = None
         c = contracts.get(d.contract)
-        refs.append(DomainRef(d.name, digest, config_hash(c) if c else "missing"))
+        refs.append(DomainRef(d.name, digest, config_hash(c) if c else "missing", d, c))
     return refs
 
 
 @task(cache_key_fn=_validation_cache_key, persist_result=True, task_run_name="validate-{ref.name}")
-def validate_domain(ref: DomainRef, catalog_dir: str | None = None) -> DomainReport:
-    """One domain through its GX contract. Same data + same contract = cached result, no rerun."""
-    from data_contracts.model import load_contracts
-    from data_contracts.runner import GXRunner
-    from temper.catalog import load_catalog
-    from temper.settings import get_settings
-    from temper.validation import validate_domain as run
+def validate_domain(ref: DomainRef, workers: int = 1) -> DomainReport:
+    """One domain through its GX contract. Same data + same contract = cached result, no rerun.
 
-    settings = get_settings()
-    domain = load_catalog(catalog_dir or settings.catalog_dir)[ref.name]
-    contract = load_contracts(settings.resolved_contracts_dir).get(domain.contract)
-    return run(domain, contract, GXRunner(), settings)
+    ``workers``: processes shared by all of the flow's validation tasks (``validation_workers``).
+    """
+    from temper.settings import get_settings
+    from temper.validation import shared_validator
+
+    return shared_validator(workers).validate(ref.domain, ref.contract, get_settings())
 
 
 @task(retries=2, retry_delay_seconds=[2, 10])

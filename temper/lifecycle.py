@@ -40,6 +40,8 @@ class EvalSettings(BaseModel):
     domains: list[str] | None = Field(default=None, description="Eval suite (names or globs); None = the trained domains.")
     limit: int = Field(default=64, ge=1, description="Eval records per domain (from its eval split).")
     max_new_tokens: int = Field(default=8, ge=1, description="Greedy tokens generated per eval prompt.")
+    shards: int = Field(default=1, ge=1, description="Eval processes (Kubernetes: Jobs) per model, each loading the "
+                        "model once and taking every shards-th domain.")
 
 
 class PostTrainingParams(BaseModel):

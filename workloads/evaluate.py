@@ -1,9 +1,14 @@
-"""Eval job: greedy completions for one domain's eval split, scored by the domain's verifier.
+"""Eval job: greedy completions for a set of domains' eval splits, each scored by its own verifier.
 
-Runs as a plain process (locally, or as a Kubernetes eval Job, one per shard); no Prefect.
-Writes a JSON result with per-sample rewards, so later comparisons can bootstrap intervals.
+Runs as a plain process (locally, or as a Kubernetes eval Job, one per shard); no Prefect. The
+model is loaded once per process, whatever the number of domains: at hundreds of domains a
+process (interpreter start + model load) per domain would cost more than the eval itself.
+With ``TEMPER_SHARD_INDEX``/``TEMPER_NUM_SHARDS`` set (the eval Jobs set them) the process takes
+every NUM_SHARDS-th domain starting at SHARD_INDEX, so shards split the work without talking
+to each other. Writes one JSON result per domain, ``<out>/<domain>.json``, with per-sample
+rewards, so later comparisons can bootstrap intervals; where a domain ran does not show.
 
-    python -m workloads.evaluate --model DIR --domain NAME --out results.json [--limit 64]
+    python -m workloads.evaluate --model DIR --domain A --domain B --out DIR_OR_URI [--limit 64]
 """
 
 from __future__ import annotations
@@ -36,17 +41,36 @@ class EvalResult:
         return asdict(self)
 
 
+class LocalGenerator:
+    """Greedy decoding with transformers in this process; the model is loaded once."""
+
+    def __init__(self, model_dir: str, batch_size: int = 16) -> None:
+        import torch
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        self.tok = AutoTokenizer.from_pretrained(model_dir)
+        if self.tok.pad_token is None:
+            self.tok.pad_token = self.tok.eos_token
+        self.tok.padding_side = "left"
+        self.model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+        self.model.eval()
+        self.batch_size = batch_size
+
+    def __call__(self, prompts: list[str], max_new_tokens: int) -> list[str]:
+        return _greedy(self.model, self.tok, prompts, max_new_tokens, self.batch_size)
+
+    def close(self) -> None:
+        pass
+
+
 def generate_completions(model_dir: str, prompts: list[str], max_new_tokens: int, batch_size: int = 16) -> list[str]:
     """Greedy decoding, left-padded batches; returns only the new text."""
-    import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    return LocalGenerator(model_dir, batch_size)(prompts, max_new_tokens)
 
-    tok = AutoTokenizer.from_pretrained(model_dir)
-    if tok.pad_token is None:
-        tok.pad_token = tok.eos_token
-    tok.padding_side = "left"
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
-    model.eval()
+
+def _greedy(model, tok, prompts: list[str], max_new_tokens: int, batch_size: int) -> list[str]:
+    import torch
+
     out: list[str] = []
     with torch.inference_mode():
         for i in range(0, len(prompts), batch_size):
@@ -58,24 +82,34 @@ def generate_completions(model_dir: str, prompts: list[str], max_new_tokens: int
     return out
 
 
-def rollout_completions(model_dir: str, prompts: list[str], max_new_tokens: int) -> list[str]:
+class RolloutGenerator:
     """Greedy completions from the rollout backend (TEMPER_ROLLOUT_*: the embedded engine or vLLM).
 
     Unset TEMPER_ROLLOUT_MODEL_DIR / BASE_URL means: serve ``model_dir`` with the embedded engine.
     """
-    import os
 
-    from temper.rollout.client import RolloutClient, generate
-    from temper.rollout.config import RolloutSettings
+    def __init__(self, model_dir: str) -> None:
+        import os
 
-    overrides = {} if os.environ.get("TEMPER_ROLLOUT_BASE_URL") or os.environ.get("TEMPER_ROLLOUT_MODEL_DIR") \
-        else {"model_dir": model_dir}
-    client = RolloutClient(RolloutSettings(**overrides))
-    try:
+        from temper.rollout.client import RolloutClient
+        from temper.rollout.config import RolloutSettings
+
+        overrides = {} if os.environ.get("TEMPER_ROLLOUT_BASE_URL") or os.environ.get("TEMPER_ROLLOUT_MODEL_DIR") \
+            else {"model_dir": model_dir}
+        self.client = RolloutClient(RolloutSettings(**overrides))
+
+    def __call__(self, prompts: list[str], max_new_tokens: int) -> list[str]:
+        from temper.rollout.client import generate
+
         return [group[0].text for group in generate(prompts, max_tokens=max_new_tokens, temperature=0.0,
-                                                    client=client)]
-    finally:
-        client.close()
+                                                    client=self.client)]
+
+    def close(self) -> None:
+        self.client.close()
+
+
+def make_generator(model_dir: str, generator: str = "local"):
+    return RolloutGenerator(model_dir) if generator == "rollout" else LocalGenerator(model_dir)
 
 
 async def _score_all(verifier, records: list[dict], completions: list[str]):
@@ -84,20 +118,52 @@ async def _score_all(verifier, records: list[dict], completions: list[str]):
 
 def evaluate_domain(model_dir: str, domain_name: str, catalog_dir: str | None = None, limit: int = 64,
                     max_new_tokens: int = 32, keep_samples: int = 5, generator: str = "local") -> EvalResult:
+    """One domain, with a model loaded for it (see ``evaluate_domains`` for a set)."""
     from temper.catalog import load_catalog
+    from temper.settings import get_settings
+
+    domain = load_catalog(catalog_dir or get_settings().catalog_dir)[domain_name]
+    produce = make_generator(model_dir, generator)
+    try:
+        return _evaluate(produce, model_dir, domain, limit, max_new_tokens, keep_samples)
+    finally:
+        produce.close()
+
+
+def shard_of(domains: list[str], index: int, count: int) -> list[str]:
+    """This shard's domains: every ``count``-th of the sorted set, from ``index`` (no coordination needed)."""
+    if not 0 <= index < count:
+        raise ValueError(f"shard index {index} is not in [0, {count})")
+    return sorted(set(domains))[index::count]
+
+
+def evaluate_domains(model_dir: str, domain_names: list[str], catalog_dir: str | None = None, limit: int = 64,
+                     max_new_tokens: int = 32, keep_samples: int = 5, generator: str = "local"):
+    """Yield one EvalResult per domain, in order, loading the catalog and the model once."""
+    from temper.catalog import load_catalog, select_domains
+    from temper.settings import get_settings
+
+    domains = select_domains(load_catalog(catalog_dir or get_settings().catalog_dir), domain_names)
+    produce = make_generator(model_dir, generator) if domains else None
+    try:
+        for domain in domains:
+            yield _evaluate(produce, model_dir, domain, limit, max_new_tokens, keep_samples)
+    finally:
+        if produce is not None:
+            produce.close()
+
+
+def _evaluate(produce, model_dir: str, domain, limit: int, max_new_tokens: int, keep_samples: int) -> EvalResult:
     from temper.datasets import load_dataset
     from temper.settings import get_settings
     from temper.verifiers import get_verifier
 
-    settings = get_settings()
-    domain = load_catalog(catalog_dir or settings.catalog_dir)[domain_name]
-    ds = load_dataset(domain, settings)
+    ds = load_dataset(domain, get_settings())
     frame = ds.frame[ds.frame[domain.split.column] == domain.split.eval].head(limit)
     records = frame.to_dict(orient="records")
     t = time.perf_counter()
     prompts = [domain.render_prompt(r) for r in records]
-    produce = rollout_completions if generator == "rollout" else generate_completions
-    completions = produce(model_dir, prompts, max_new_tokens) if records else []
+    completions = produce(prompts, max_new_tokens) if records else []
     verifier = get_verifier(domain.verifier.family, domain.verifier.params)
     verdicts = asyncio.run(_score_all(verifier, records, completions))
     rewards = [None if v is None else float(v.reward) for v in verdicts]
@@ -113,23 +179,29 @@ def evaluate_domain(model_dir: str, domain_name: str, catalog_dir: str | None = 
 
 
 def main(argv: list[str] | None = None) -> int:
+    import os
+
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", required=True, help="HF model folder")
-    ap.add_argument("--domain", required=True)
+    ap.add_argument("--domain", action="append", required=True, help="a domain to evaluate (repeatable)")
     ap.add_argument("--catalog", default=None)
     ap.add_argument("--limit", type=int, default=64)
     ap.add_argument("--max-new-tokens", type=int, default=32)
     ap.add_argument("--generator", choices=["local", "rollout"], default="local",
                     help="local: transformers generate here; rollout: the rollout backend (TEMPER_ROLLOUT_*)")
-    ap.add_argument("--out", required=True, help="where to write the JSON result (local path or fsspec URI)")
+    ap.add_argument("--out", required=True, help="directory (local path or fsspec URI) for <domain>.json results")
     args = ap.parse_args(argv)
-    result = evaluate_domain(args.model, args.domain, args.catalog, args.limit, args.max_new_tokens,
-                             generator=args.generator)
-    from infra.storage import write_bytes_atomic
+    from infra.storage import join, write_bytes_atomic
 
-    write_bytes_atomic(args.out if "://" in args.out else str(Path(args.out).resolve()),
-                       json.dumps(result.to_dict()).encode())
-    print(json.dumps({k: v for k, v in result.to_dict().items() if k not in ("rewards", "ids", "samples")}))
+    index, count = int(os.environ.get("TEMPER_SHARD_INDEX", "0")), int(os.environ.get("TEMPER_NUM_SHARDS", "1"))
+    mine = shard_of(args.domain, index, count)
+    out = args.out if "://" in args.out else str(Path(args.out).resolve())
+    print(json.dumps({"shard": index, "shards": count, "domains": len(mine)}), flush=True)
+    for result in evaluate_domains(args.model, mine, args.catalog, args.limit, args.max_new_tokens,
+                                   generator=args.generator):
+        write_bytes_atomic(join(out, f"{result.domain}.json"), json.dumps(result.to_dict()).encode())
+        print(json.dumps({k: v for k, v in result.to_dict().items() if k not in ("rewards", "ids", "samples")}),
+              flush=True)
     return 0
 
 

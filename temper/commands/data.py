@@ -41,7 +41,7 @@ def validate(args) -> int:
         from infra import lineage
 
         lineage.configure()
-    summary = validate_domains(domains, build_docs=not args.no_docs)
+    summary = validate_domains(domains, build_docs=not args.no_docs, progress=not args.json)
     if args.track:
         with lineage.lifecycle_run("validate_data", "validate_data", config={"domains": [d.name for d in domains]}):
             track_validation(summary, domains)

@@ -1,10 +1,17 @@
-"""Seeded domain-mixing sampler: which (domain, record) fills each slot of the RL stream.
+"""Seeded, stratified domain-mixing sampler: which (domain, record) fills each slot of the RL stream.
 
-Each slot draws a domain with probability proportional to its ``sampling_ratio``; within a
-domain, records are visited in a seeded permutation, reshuffled each time the domain's
+Domains are not drawn independently: with hundreds of domains, independent draws leave some
+domains far below their share (and some unseen) over a short run. Instead every slot goes to
+the domain whose quota is most overdue, Tijdeman's rule for the "chairman assignment" problem:
+among domains whose count is below ``(n + 1) * weight``, take the one with the earliest deadline
+``(count + 1) / weight``. For every prefix of ``n`` slots each domain's count then stays within 1
+of ``n * weight`` (Tijdeman 1980 proves ``1 - 1/(2k - 2)`` for k domains); ties (equal weights)
+are broken by a seeded permutation of the domains, so which domains come first is seeded too.
+
+Within a domain, records are visited in a seeded permutation, reshuffled each time the domain's
 records run out (a per-domain epoch), so no record repeats before all were seen. The whole
-state is a few integers plus the RNG state, saved in every checkpoint: resuming continues
-the exact same order, and a resume over different data is detected (see ``state_dict``).
+state is a few integers per domain, saved in every checkpoint: resuming continues the exact
+same order, and a resume over different data is detected (see ``state_dict``).
 """
 
 from __future__ import annotations
@@ -19,7 +26,6 @@ class DomainMixSampler:
     ratios: dict[str, float]
     seed: int = 0
     position: int = 0
-    _rng: random.Random = field(init=False, repr=False)
     _perm: dict[str, list[int]] = field(init=False, repr=False)
     _cursor: dict[str, int] = field(init=False, repr=False)
     _epoch: dict[str, int] = field(init=False, repr=False)
@@ -31,7 +37,10 @@ class DomainMixSampler:
         self.names = sorted(self.ratios)
         total = sum(self.ratios[n] for n in self.names)
         self.weights = [self.ratios[n] / total for n in self.names]
-        self._rng = random.Random(f"mix:{self.seed}")
+        order = list(range(len(self.names)))
+        random.Random(f"mix:{self.seed}").shuffle(order)
+        self._tiebreak = {self.names[i]: rank for rank, i in enumerate(order)}
+        self._count = dict.fromkeys(self.names, 0)
         self._perm, self._cursor, self._epoch = {}, {}, {}
         for n in self.names:
             self._epoch[n] = -1
@@ -43,8 +52,14 @@ class DomainMixSampler:
         random.Random(f"perm:{self.seed}:{name}:{self._epoch[name]}").shuffle(perm)
         self._perm[name], self._cursor[name] = perm, 0
 
+    def _pick(self) -> str:
+        n = self.position + 1
+        due = [(name, w) for name, w in zip(self.names, self.weights) if n * w - self._count[name] > 1e-12]
+        return min(due, key=lambda nw: ((self._count[nw[0]] + 1) / nw[1], self._tiebreak[nw[0]]))[0]
+
     def next(self) -> tuple[str, int]:
-        name = self._rng.choices(self.names, weights=self.weights)[0]
+        name = self._pick()
+        self._count[name] += 1
         if self._cursor[name] >= len(self._perm[name]):
             self._new_epoch(name)
         idx = self._perm[name][self._cursor[name]]
@@ -58,7 +73,7 @@ class DomainMixSampler:
     def state_dict(self) -> dict:
         return {"seed": self.seed, "position": self.position, "sizes": dict(self.sizes),
                 "ratios": dict(self.ratios), "cursor": dict(self._cursor), "epoch": dict(self._epoch),
-                "rng": _rng_to_json(self._rng.getstate())}
+                "count": dict(self._count)}
 
     def load_state_dict(self, state: dict) -> None:
         if state["sizes"] != self.sizes or state["ratios"] != self.ratios or state["seed"] != self.seed:
@@ -71,13 +86,8 @@ class DomainMixSampler:
             random.Random(f"perm:{self.seed}:{n}:{self._epoch[n]}").shuffle(perm)
             self._perm[n] = perm
         self._cursor = dict(state["cursor"])
-        self._rng.setstate(_rng_from_json(state["rng"]))
+        self._count = dict(state["count"])
 
-
-def _rng_to_json(state: tuple) -> list:
-    version, internal, gauss = state
-    return [version, list(internal), gauss]
-
-
-def _rng_from_json(state: list) -> tuple:
-    return (state[0], tuple(state[1]), state[2])
+    def counts(self) -> dict[str, int]:
+        """Slots given to each domain so far."""
+        return dict(self._count)

@@ -35,12 +35,37 @@ def test_sampler_follows_ratios_and_resumes_exactly():
     s = DomainMixSampler(sizes={"a": 50, "b": 30}, ratios={"a": 3.0, "b": 1.0}, seed=7)
     first = s.take(400)
     counts = collections.Counter(name for name, _ in first)
-    assert 0.68 < counts["a"] / 400 < 0.82
+    assert counts == {"a": 300, "b": 100}  # stratified: exactly the ratios at a multiple of their sum
     state = s.state_dict()
     rest = s.take(100)
     resumed = DomainMixSampler(sizes={"a": 50, "b": 30}, ratios={"a": 3.0, "b": 1.0}, seed=7)
     resumed.load_state_dict(state)
     assert resumed.take(100) == rest
+
+
+def test_sampler_is_stratified_over_300_domains_at_every_prefix():
+    """Each domain's realised count stays within 1 of n x its weight for every prefix n (not just on
+    average), with unequal weights; equal-weight ties are broken by the seed, not by name."""
+    import random
+
+    rng = random.Random(5)
+    ratios = {f"d{i:03d}": rng.choice([0.5, 1.0, 1.0, 2.0, 3.0]) for i in range(300)}
+    sizes = {name: rng.randint(5, 40) for name in ratios}
+    total = sum(ratios.values())
+    s = DomainMixSampler(sizes=sizes, ratios=ratios, seed=11)
+    counts = collections.Counter()
+    worst = 0.0
+    for n in range(1, 1501):
+        name, idx = s.next()
+        assert 0 <= idx < sizes[name]
+        counts[name] += 1
+        worst = max(worst, max(abs(counts[d] - n * r / total) for d, r in ratios.items()))
+    assert worst < 1.0, worst
+    assert dict(counts) == s.counts()
+    equal = DomainMixSampler(sizes={n: 5 for n in ratios}, ratios=dict.fromkeys(ratios, 1.0), seed=0)
+    other_seed = DomainMixSampler(sizes={n: 5 for n in ratios}, ratios=dict.fromkeys(ratios, 1.0), seed=1)
+    first, first_other = [d for d, _ in equal.take(20)], [d for d, _ in other_seed.take(20)]
+    assert len(set(first)) == 20 and first != sorted(first) and first != first_other
 
 
 def test_sampler_visits_every_record_once_per_domain_epoch():
