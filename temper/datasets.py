@@ -41,11 +41,24 @@ def _read_bytes(uri: str, settings: Settings) -> bytes:
         raise StorageError(f"cannot read dataset {uri}: {type(e).__name__}: {e}") from None
 
 
+def _jsonl_rows(text: str, uri: str) -> list:
+    """Each line parsed on its own, so an error names the file's own line (json.loads of one line
+    would say "line 1" whatever the line)."""
+    rows = []
+    for number, line in enumerate(text.splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            rows.append(json.loads(line))
+        except json.JSONDecodeError as e:
+            raise DatasetError(f"dataset {uri} is not valid jsonl: line {number} column {e.colno}: {e.msg}") from None
+    return rows
+
+
 def parse_dataset(data: bytes, fmt: str, uri: str) -> pd.DataFrame:
     try:
         if fmt == "jsonl":
-            rows = [json.loads(line) for line in data.decode("utf-8").splitlines() if line.strip()]
-            return pd.DataFrame.from_records(rows)
+            return pd.DataFrame.from_records(_jsonl_rows(data.decode("utf-8"), uri))
         if fmt == "parquet":
             return pd.read_parquet(io.BytesIO(data))
     except (ValueError, UnicodeDecodeError, OSError) as e:

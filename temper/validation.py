@@ -51,7 +51,31 @@ def validate_domain(domain: Domain, contract: Contract | None, runner: GXRunner,
     except DatasetError as e:
         return DomainReport(domain=domain.name, contract=contract.name, dataset_uri=uri, digest="", rows=0,
                             success=False, expectations=0, error=str(e))
-    return runner.validate(domain.name, contract, ds.frame, dataset_uri=ds.uri, digest=ds.digest)
+    report = runner.validate(domain.name, contract, ds.frame, dataset_uri=ds.uri, digest=ds.digest)
+    problems = domain_problems(domain, contract)
+    if problems:
+        report.success, report.error = False, "; ".join(problems)
+    return report
+
+
+def domain_problems(domain: Domain, contract: Contract) -> list[str]:
+    """What the data alone cannot show: a prompt that reads columns the contract does not guarantee,
+    and verifier params the verifier refuses. Either would only fail at training time otherwise."""
+    import string
+
+    from temper.verifiers import get_verifier
+
+    problems = []
+    fields = {f.split(".")[0].split("[")[0] for _, f, _, _ in string.Formatter().parse(domain.prompt_template) if f}
+    missing = sorted(fields - set(contract.columns))
+    if missing:
+        problems.append(f"prompt_template uses column(s) {', '.join(missing)} that contract {contract.name} "
+                        f"does not declare (declared: {', '.join(contract.columns)})")
+    try:
+        get_verifier(domain.verifier.family, domain.verifier.params)
+    except (TypeError, ValueError, KeyError) as e:
+        problems.append(f"verifier {domain.verifier.family} refuses params {domain.verifier.params}: {e}")
+    return problems
 
 
 def validate_domains(domains: list[Domain], settings: Settings | None = None, *, build_docs: bool = True,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import yaml
@@ -9,6 +10,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from infra.jobspec import JobSpec
 from infra.k8s import manifests as m
+from infra.k8s.errors import KubernetesError
 from infra.k8s.options import KubernetesOptions, load_yaml_model
 
 
@@ -32,10 +34,25 @@ def render(cfg: RenderConfig) -> list[dict]:
     return [m.to_dict(o) for o in objs]
 
 
+_RENDERED = re.compile(r"^\d{2}-[a-z]+-[a-z0-9.-]+\.yaml$")  # the names write_manifests gives
+
+
 def write_manifests(docs: list[dict], out_dir: Path) -> list[Path]:
-    """One file per object, numbered in creation order (kubectl apply -f DIR keeps that order)."""
+    """One file per object, numbered in creation order (kubectl apply -f DIR keeps that order).
+
+    Manifests an earlier render left in ``out_dir`` are removed first: `kubectl apply -f DIR`
+    would otherwise submit the stale objects next to the new ones. Other files are left alone.
+    """
     out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
+    if out_dir.exists() and not out_dir.is_dir():
+        raise KubernetesError(f"--out {out_dir}: exists and is not a directory")
+    try:
+        out_dir.mkdir(parents=True, exist_ok=True)
+        for old in out_dir.iterdir():
+            if old.is_file() and _RENDERED.match(old.name):
+                old.unlink()
+    except OSError as e:
+        raise KubernetesError(f"--out {out_dir}: cannot write manifests there: {e.strerror}") from None
     paths = []
     for i, doc in enumerate(docs):
         p = out_dir / f"{i:02d}-{doc['kind'].lower()}-{doc['metadata']['name']}.yaml"

@@ -19,7 +19,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from temper.errors import TemperError
 
-Outcome = Literal["ok", "timeout", "memory", "output_limit", "killed", "error"]
+Outcome = Literal["ok", "timeout", "cpu_limit", "memory", "output_limit", "killed", "error"]
 """ok: ran to its own exit (any exit code); timeout: wall or CPU limit; memory: address-space
 limit hit; output_limit: stdout+stderr or a written file exceeded its cap; killed: died of a
 signal nobody in the sandbox runtime sent; error: the sandbox itself failed (not the program)."""

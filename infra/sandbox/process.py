@@ -151,13 +151,17 @@ def run_process(argv: Sequence[str], limits: Limits, *, cwd: str | None = None, 
 
 
 def classify(result: Result, stderr: bytes) -> Result:
-    """Refine an 'ok' run from its signal and last words: CPU limit, file-size limit, memory, killed."""
+    """Refine an 'ok' run from its signal and last words: CPU limit, file-size limit, memory, killed.
+
+    The CPU limit (SIGXCPU at the soft RLIMIT_CPU) is its own verdict, not 'timeout': the wall clock
+    did not run out, the program burnt its CPU seconds, and a user fixing one fixes the other.
+    """
     if result.verdict != "ok":
         return result
     sig, tail = result.signal, stderr[-4096:]
     verdict: Outcome = "ok"
     if sig == signal.SIGXCPU:
-        verdict = "timeout"
+        verdict = "cpu_limit"
     elif sig == signal.SIGXFSZ or (result.exit_code and _FILE_TOO_LARGE.search(tail)):
         verdict = "output_limit"
     elif result.exit_code and _MEMORY_TAIL.search(tail):

@@ -24,7 +24,15 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def handler(args: argparse.Namespace) -> int:
+    from temper.errors import TemperError
     from temper.training.tiny import init_tiny
+
+    for flag in ("hidden", "layers", "heads"):
+        if getattr(args, flag) < 1:
+            raise TemperError(f"model init-tiny: --{flag} must be >= 1, got {getattr(args, flag)}")
+    if args.hidden % args.heads or (args.hidden // args.heads) % 2:
+        raise TemperError(f"model init-tiny: --hidden {args.hidden} must split into --heads {args.heads} heads of an "
+                          "even size (rotary embeddings rotate pairs): e.g. --hidden 32 --heads 4")
 
     out = init_tiny(args.out, hidden=args.hidden, layers=args.layers, heads=args.heads, seed=args.seed)
     print(f"tiny model written to {out}")

@@ -31,6 +31,29 @@ def test_sandbox_run_file_and_command(tmp_path):
     assert code == 1 and json.loads(out)["verdict"] == "memory"
 
 
+def test_sandbox_run_refuses_a_mistyped_file_and_non_positive_limits(tmp_path):
+    code, out, err = temper("sandbox", "run", str(tmp_path / "progg.py"))
+    assert code == 1 and out == "" and f"no such file {tmp_path / 'progg.py'}" in err and len(err.splitlines()) == 1
+    for flag, value in (("--timeout", "0"), ("--timeout", "-1"), ("--memory", "0"), ("--cpu", "-2")):
+        code, out, err = temper("sandbox", "run", flag, value, "--", "true")
+        assert code == 2 and out == "" and f"argument {flag}: must be > 0, got {value}" in err
+
+
+@needs_bwrap
+def test_sandbox_run_reports_a_cpu_limit_kill_as_cpu_limit_with_its_cpu_time(tmp_path):
+    spin = tmp_path / "spin.py"
+    spin.write_text("while True:\n    pass\n")
+    code, out, _ = temper("sandbox", "run", "--cpu", "1", "--timeout", "30", str(spin))
+    result = json.loads(out)
+    assert code == 1 and result["verdict"] == "cpu_limit" and result["signal"] == 24
+    assert 0.8 <= result["cpu_s"] <= 2.5  # burnt its second (GNU time's report), not the wall clock
+    busy = tmp_path / "busy.py"
+    busy.write_text("import resource\nwhile resource.getrusage(resource.RUSAGE_SELF).ru_utime < 1.0:\n    pass\n")
+    code, out, _ = temper("sandbox", "run", "--timeout", "60", str(busy))
+    result = json.loads(out)
+    assert code == 0 and result["verdict"] == "ok" and result["cpu_s"] >= 0.95
+
+
 def test_verify_prints_a_line_per_record_and_a_summary(tmp_path):
     records = tmp_path / "r.jsonl"
     records.write_text("\n".join(json.dumps(r) for r in [

@@ -64,13 +64,13 @@ def test_fork_bomb_is_contained(pool):
     time.sleep(0.3)  # let the idle boxes' interpreters finish starting
     idle = len(live_sandbox_processes())
     r = run(pool, "import os\nwhile True:\n    try:\n        os.fork()\n    except OSError:\n        pass\n")
-    assert r.verdict == "timeout"
+    assert r.verdict in ("timeout", "cpu_limit")
     assert settles_back_to(idle), live_sandbox_processes()
 
 
 def test_shell_fork_bomb_is_contained(pool):
     r = run(pool, "import subprocess; subprocess.run(['bash', '-c', ':(){ :|:& };:'])\nwhile True: pass")
-    assert r.verdict == "timeout"
+    assert r.verdict in ("timeout", "cpu_limit")
     time.sleep(0.2)
     assert live_sandbox_processes(":|:&") == []
 

@@ -76,3 +76,38 @@ def test_prompt_renders_from_record():
     assert d.render_prompt({"question": "2 + 3"}) == "Q: 2 + 3 =\nA:"
     with pytest.raises(CatalogError, match="needs column 'question'"):
         d.render_prompt({"q": "x"})
+
+
+def test_a_bad_json_line_is_reported_at_its_own_line_number(temper_home, capsys):
+    """`temper data validate` over a dataset whose line 201 is broken says line 201, not line 1."""
+    from temper.catalog import load_catalog
+    from temper.cli import main
+    from temper.datasets import generate_domain_dataset
+    from temper.settings import get_settings
+
+    domain = load_catalog(get_settings().catalog_dir)["arithmetic"]
+    uri, _, _ = generate_domain_dataset(domain)
+    lines = open(uri).read().splitlines()
+    lines[200] = lines[200][:-1]  # drop the closing brace of line 201
+    open(uri, "w").write("\n".join(lines) + "\n")
+    assert main(["data", "validate", "--domain", "arithmetic", "--no-docs"]) == 1
+    out = capsys.readouterr().out
+    assert "is not valid jsonl: line 201 column" in out, out
+
+
+def test_validate_reports_a_prompt_column_the_contract_does_not_declare(temper_home, tmp_path, capsys):
+    import shutil
+
+    import yaml
+
+    from temper.cli import main
+
+    catalog = tmp_path / "catalog"
+    shutil.copytree(REPO / "domains", catalog)
+    doc = yaml.safe_load((catalog / "arithmetic.yaml").read_text())
+    doc["prompt_template"] = "Q: {question} ({hint}) =\nA:"
+    (catalog / "arithmetic.yaml").write_text(yaml.safe_dump(doc))
+    assert main(["data", "generate", "--catalog", str(catalog), "--domain", "arithmetic"]) == 0
+    assert main(["data", "validate", "--catalog", str(catalog), "--domain", "arithmetic", "--no-docs"]) == 1
+    out = capsys.readouterr().out
+    assert "FAIL arithmetic" in out and "prompt_template uses column(s) hint that contract arithmetic" in out

@@ -128,3 +128,23 @@ def test_crashed_rank_retries_as_new_attempt():
     with pytest.raises(JobFailed) as e:
         KubernetesLauncher(api, OPTS, sleep=lambda s: None).run(_train(), lambda s: None)
     assert e.value.reason == "Error" and "sft-abc-r1" in api.created
+
+
+def test_render_command_refuses_a_file_as_output_and_replaces_stale_manifests(tmp_path, capsys):
+    """`temper k8s render` as a user runs it: --out on a file is one line and exit 1; rendering into a
+    folder used before leaves only the new manifests (and files that are not manifests)."""
+    from temper.cli import main
+
+    repo = Path(__file__).resolve().parents[2]
+    target = tmp_path / "passwd"
+    target.write_text("root:x:0:0\n")
+    assert main(["k8s", "render", "--config", str(repo / "configs/k8s/sandbox-batch.yaml"), "--out", str(target)]) == 1
+    assert "exists and is not a directory" in capsys.readouterr().err and target.read_text() == "root:x:0:0\n"
+    out = tmp_path / "manifests"
+    assert main(["k8s", "render", "--config", str(repo / "configs/k8s/eval-shards.yaml"), "--out", str(out)]) == 0
+    assert len(list(out.glob("*.yaml"))) == 4
+    (out / "notes.txt").write_text("mine")
+    capsys.readouterr()
+    assert main(["k8s", "render", "--config", str(repo / "configs/k8s/sandbox-batch.yaml"), "--out", str(out)]) == 0
+    new = capsys.readouterr().out.split()
+    assert sorted(p.name for p in out.iterdir()) == sorted([Path(p).name for p in new] + ["notes.txt"])
