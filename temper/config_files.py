@@ -18,15 +18,47 @@ from temper.errors import TemperError, describe_validation_error
 M = TypeVar("M", bound=BaseModel)
 
 
+# Limits for files people edit (no dataset goes through here): a config past them is hostile or a
+# mistake, and either way must fail with a line, not exhaust memory or the stack.
+MAX_BYTES = 1 << 20
+MAX_DEPTH = 50
+MAX_NODES = 100_000  # counted through aliases, so a "billion laughs" document stops here
+
+
 def read_yaml(path: Path | str, error: type[TemperError], noun: str) -> Any:
     try:
-        return yaml.safe_load(Path(path).read_text())
+        size = Path(path).stat().st_size
+        if size > MAX_BYTES:
+            raise error(f"{path}: {noun} file is {size} bytes, more than the {MAX_BYTES} a config may have")
+        text = Path(path).read_text()
+        _check_shape(yaml.compose(text, Loader=yaml.SafeLoader), path, error, noun)
+        return yaml.safe_load(text)
+    except RecursionError:
+        raise error(f"{path}: {noun} is nested too deeply (more than {MAX_DEPTH} levels)") from None
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         where = f" line {mark.line + 1}" if mark else ""
         raise error(f"{path}:{where} malformed YAML: {getattr(e, 'problem', e)}") from None
     except OSError as e:
         raise error(f"{path}: cannot read {noun}: {e.strerror}") from None
+
+
+def _check_shape(root: yaml.Node | None, path, error: type[TemperError], noun: str) -> None:
+    """Depth and size of the document as it would expand, counted without expanding it."""
+    stack, seen = [(root, 1)], 0
+    while stack:
+        node, depth = stack.pop()
+        if node is None:
+            continue
+        seen += 1
+        if depth > MAX_DEPTH:
+            raise error(f"{path}: {noun} is nested too deeply (more than {MAX_DEPTH} levels)")
+        if seen > MAX_NODES:
+            raise error(f"{path}: {noun} expands to more than {MAX_NODES} values (aliases included)")
+        if isinstance(node, yaml.SequenceNode):
+            stack.extend((child, depth + 1) for child in node.value)
+        elif isinstance(node, yaml.MappingNode):
+            stack.extend((v, depth + 1) for pair in node.value for v in pair)
 
 
 def parse_config(raw: Any, model: type[M], source: object, error: type[TemperError], noun: str) -> M:

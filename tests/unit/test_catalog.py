@@ -111,3 +111,21 @@ def test_validate_reports_a_prompt_column_the_contract_does_not_declare(temper_h
     assert main(["data", "validate", "--catalog", str(catalog), "--domain", "arithmetic", "--no-docs"]) == 1
     out = capsys.readouterr().out
     assert "FAIL arithmetic" in out and "prompt_template uses column(s) hint that contract arithmetic" in out
+
+
+@pytest.mark.parametrize("text, message", [
+    ("a: &a [x, x, x, x, x, x, x, x, x]\n" + "".join(
+        f"{n}: &{n} [*{p}, *{p}, *{p}, *{p}, *{p}, *{p}, *{p}, *{p}, *{p}]\n"
+        for p, n in zip("abcdefgh", "bcdefghi")), "expands to more than 100000 values"),
+    ("name: " + "[" * 5000 + "]" * 5000 + "\n", "nested too deeply"),
+    ("name: x\n" + "# padding\n" * 200_000, "more than the 1048576 a config may have"),
+])
+def test_hostile_yaml_is_refused_with_one_line(tmp_path, text, message):
+    """A billion-laughs document, a deeply nested one, a huge one: a CatalogError naming the file."""
+    from temper.catalog import load_domain
+
+    path = tmp_path / "hostile.yaml"
+    path.write_text(text)
+    with pytest.raises(CatalogError, match=message) as e:
+        load_domain(path)
+    assert str(path) in str(e.value) and "\n" not in str(e.value)
