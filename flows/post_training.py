@@ -45,7 +45,7 @@ def post_training(params: PostTrainingParams = PostTrainingParams()) -> dict:
 
     logger = get_run_logger()
     run_key = f"pt-{(flow_run.get_id() or 'local')[:8]}"
-    refs, _, uncalibrated = calibration_gate(resolve_domains(params.domains))
+    refs, gated_weights, uncalibrated = calibration_gate(resolve_domains(params.domains), params.mixing_weights)
     for name, reason in uncalibrated.items():
         logger.warning("domain %s %s", name, reason)
     reports = validate_domain.map(refs).result()
@@ -72,7 +72,8 @@ def post_training(params: PostTrainingParams = PostTrainingParams()) -> dict:
     model = base
     if params.sft.enabled:
         model = train_stage("sft", params, model, run_key, lifecycle_run_id)
-    model = train_stage("grpo", params, model, run_key, lifecycle_run_id)
+    # GRPO samples each domain at the weight the calibration gate left it (a down-weighted judge domain: x factor)
+    model = train_stage("grpo", params, model, run_key, lifecycle_run_id, mixing_weights=gated_weights)
 
     suite = [r.name for r in resolve_domains(params.eval.domains)] if params.eval.domains else domains
     before = evaluate.map(unmapped(base), suite, unmapped(params.eval), unmapped("base"), unmapped(lifecycle_run_id))

@@ -12,8 +12,12 @@ from temper.training.deepspeed import launch_env, write_launch_configs
 
 
 def training_job(config_path: str, mode: str, max_steps: int | None = None) -> JobSpec:
-    """The JobSpec that runs one training config (generated accelerate/DeepSpeed configs included)."""
-    cfg = load_config(config_path)
+    """The JobSpec that runs one training config (generated accelerate/DeepSpeed configs included).
+
+    The config is validated here, before any rank starts: a bad field or a config of the other
+    mode is one TrainingError line, not a stack trace from each rank.
+    """
+    cfg = load_config(config_path, max_steps=max_steps, mode=mode)
     command = [sys.executable, "-m", "workloads.train", mode, "--config", str(Path(config_path).resolve())]
     if max_steps:
         command += ["--max-steps", str(max_steps)]
@@ -23,4 +27,4 @@ def training_job(config_path: str, mode: str, max_steps: int | None = None) -> J
         acc = str(acc_path)
     name = re.sub(r"[^a-z0-9-]", "-", f"{mode}-{cfg.run_name}")[:52].strip("-")
     return JobSpec(name=name, kind="train", command=command, env=launch_env(), procs_per_node=cfg.world_size,
-                   distributed=cfg.deepspeed, accelerate_config=acc, timeout_s=24 * 3600)
+                   distributed=cfg.deepspeed, accelerate_config=acc, timeout_s=cfg.stage.timeout_s)
