@@ -67,7 +67,8 @@ def post_training(params: PostTrainingParams = PostTrainingParams()) -> dict:
         raise ContractViolation(f"{len(failed)} domain(s) violate their data contract: {why}")
 
     if uncalibrated:  # train exactly the domains that passed the calibration gate
-        params = params.model_copy(update={"domains": domains})
+        params = params.model_copy(update={"domains": domains, "mixing_weights": {
+            n: w for n, w in params.mixing_weights.items() if n in domains}})
     base = prepare_base_model(params.base_model)
     model = base
     if params.sft.enabled:

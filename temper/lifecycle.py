@@ -16,7 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from temper.config_files import load_config
 from temper.errors import TemperError
 from temper.gate import PromotionPolicy
-from temper.training.config import GRPOSettings, MixingWeights, SFTSettings, check_grpo_batch
+from temper.training.config import GRPOSettings, MixingWeights, SFTSettings, check_grpo_batch, check_mixing_names
 
 __all__ = ["EvalSettings", "EvaluateParams", "GRPOSettings", "PostTrainingParams", "RetrainParams", "SFTSettings",
            "SFTStage", "ValidateParams", "load_params"]
@@ -58,6 +58,7 @@ class PostTrainingParams(BaseModel):
     @model_validator(mode="after")
     def _check(self) -> "PostTrainingParams":
         check_grpo_batch(self.grpo, self.world_size)
+        check_mixing_names(self.mixing_weights, self.domains)
         return self
 
 

@@ -15,6 +15,7 @@ digests recorded in its checkpoints.
 
 from __future__ import annotations
 
+import fnmatch
 from pathlib import Path
 from typing import Annotated, Literal
 
@@ -88,6 +89,15 @@ def check_grpo_batch(grpo: GRPOSettings, world_size: int, where: str = "grpo") -
                          f"= {total}) must be divisible by {where}.num_generations ({grpo.num_generations})")
 
 
+def check_mixing_names(mixing_weights: dict[str, float], domains: list[str]) -> None:
+    """A weight for a domain the run does not select would be silently unused (or fail mid-run)."""
+    if not domains:
+        return  # all domains
+    stray = sorted(n for n in mixing_weights if not any(fnmatch.fnmatchcase(n, p) for p in domains))
+    if stray:
+        raise ValueError(f"mixing_weights name domains not selected by domains {domains}: {', '.join(stray)}")
+
+
 def check_deepspeed(deepspeed: bool, world_size: int) -> None:
     if not deepspeed and world_size != 1:
         raise ValueError("deepspeed=false runs a single process: set world_size: 1")
@@ -141,6 +151,7 @@ class TrainConfig(BaseModel):
         if self.mode == "grpo":
             self.grpo = self.grpo or GRPOSettings()
             check_grpo_batch(self.grpo, self.world_size)
+        check_mixing_names(self.mixing_weights, self.domains)
         check_deepspeed(self.deepspeed, self.world_size)
         return self
 

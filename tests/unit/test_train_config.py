@@ -74,6 +74,7 @@ def test_form_reaches_the_optimisation_knobs():
     ({"grpo": {"per_device_batch_size": 3}}, r"per_device_batch_size x world_size \(3 x 2 = 6\) must be divisible"),
     ({"world_size": 3, "grpo": {"per_device_batch_size": 6}}, r"\(6 x 3 = 18\) must be divisible by grpo.num_g"),
     ({"mixing_weights": {"arithmetic": 0}}, "greater than 0"),
+    ({"mixing_weights": {"arithmetc": 2.0}}, r"mixing_weights name domains not selected .*: arithmetc"),
     ({"sft": {"warmup_steps": -1}}, "greater than or equal to 0"),
     ({"grpo": {"lr_scheduler_type": "cosyne"}}, "cosine"),
 ])
