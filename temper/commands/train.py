@@ -27,25 +27,34 @@ def handler(args: argparse.Namespace) -> int:
 
     from infra.launcher_local import run_job
     from temper.training.config import load_config
-    from temper.training.job import training_job
+    from temper.training.job import preflight, training_job
     from temper.training.progress import is_progress
 
     cfg = load_config(args.config, max_steps=args.max_steps, mode=args.mode)  # one line on error, no rank started
+    preflight(cfg)
     spec = training_job(args.config, args.mode, args.max_steps)
     log_path = Path(cfg.output_dir) / "train.log"
     log_path.parent.mkdir(parents=True, exist_ok=True)
     tail: deque[str] = deque(maxlen=30)
+    errors: list[str] = []
     print(f"temper: {args.mode} {cfg.run_name}: {cfg.stage.max_steps} steps on {cfg.world_size} rank(s); "
           f"full output in {log_path}", flush=True)
     with open(log_path, "a") as log:
         def on_line(line: str) -> None:
             log.write(line + "\n")
             tail.append(line)
+            if line in errors:
+                return  # every rank reports the same error: show it once
+            if line.startswith("temper: error:"):
+                errors.append(line)
             if args.verbose or is_progress(line):
                 print(line, flush=True)
 
         status = run_job(spec, on_line=on_line)
     if status != 0 and not args.verbose:
-        print(f"temper: {spec.name} failed (exit {status}); last lines of {log_path}:", file=sys.stderr)
-        print("\n".join(tail), file=sys.stderr)
+        if errors:  # the ranks said why (already shown): the launcher's traceback would only bury it
+            print(f"temper: {spec.name} failed (exit {status}); full output in {log_path}", file=sys.stderr)
+        else:
+            print(f"temper: {spec.name} failed (exit {status}); last lines of {log_path}:", file=sys.stderr)
+            print("\n".join(tail), file=sys.stderr)
     return status

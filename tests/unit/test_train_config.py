@@ -123,6 +123,26 @@ def test_train_with_a_config_of_the_other_mode_is_one_line_and_starts_nothing(tm
     assert not (tmp_path / "out").exists()  # no launch config, no log, no rank
 
 
+def test_train_with_a_missing_base_model_or_domain_is_one_line_before_launch(tmp_path, capsys, temper_home):
+    from temper.cli import main
+
+    cfg = yaml.safe_load((REPO / "configs/train/grpo.yaml").read_text())
+    cfg.update(output_dir=str(tmp_path / "out"), base_model=str(tmp_path / "nowhere"))
+    path = tmp_path / "grpo.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    assert main(["train", "grpo", "--config", str(path)]) == 1
+    assert capsys.readouterr().err == f"temper: error: base_model {tmp_path / 'nowhere'}: no config.json there " \
+                                      "(expected an HF model folder)\n"
+    (tmp_path / "m").mkdir()
+    (tmp_path / "m" / "config.json").write_text("{}")
+    cfg.update(base_model=str(tmp_path / "m"), domains=["arithmetc"])
+    path.write_text(yaml.safe_dump(cfg))
+    assert main(["train", "grpo", "--config", str(path)]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("temper: error: no domain matches arithmetc") and err.count("\n") == 1
+    assert not (tmp_path / "out").exists()
+
+
 def test_progress_line_is_one_compact_line():
     from temper.training.progress import is_progress, progress_line
 
