@@ -41,12 +41,13 @@ class StageSettings(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    max_steps: int = Field(default=100, ge=1, description="Optimizer steps of the stage.")
-    learning_rate: float = Field(default=1e-4, gt=0, description="Peak learning rate of torch AdamW.")
+    # max_steps, learning_rate and per_device_batch_size: no default here, each stage sets its own.
+    max_steps: int = Field(ge=1, description="Optimizer steps of the stage.")
+    learning_rate: float = Field(gt=0, description="Peak learning rate of torch AdamW.")
     lr_scheduler_type: Scheduler = Field(default="constant", description="Learning-rate schedule after warmup.")
     warmup_steps: int = Field(default=0, ge=0, description="Linear warmup steps.")
     weight_decay: float = Field(default=0.0, ge=0, description="AdamW weight decay.")
-    per_device_batch_size: int = Field(default=8, ge=1, description="Samples per rank per step.")
+    per_device_batch_size: int = Field(ge=1, description="Samples per rank per step.")
     save_steps: int | None = Field(default=None, ge=1,
                                    description="Checkpoint every N steps (ZeRO-3 partitions + optimizer + RNG); "
                                    "empty = once half-way (max_steps // 2).")
