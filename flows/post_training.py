@@ -46,7 +46,7 @@ def post_training(params: PostTrainingParams = PostTrainingParams()) -> dict:
 
     logger = get_run_logger()
     run_key = f"pt-{(flow_run.get_id() or 'local')[:8]}"
-    refs, _, uncalibrated = calibration_gate(resolve_domains(params.domains))
+    refs, gated_weights, uncalibrated = calibration_gate(resolve_domains(params.domains), params.mixing_weights)
     for name, reason in uncalibrated.items():
         logger.warning("domain %s %s", name, reason)
     reports = validate_domain.map(refs, unmapped(validation_workers(len(refs)))).result()
@@ -68,12 +68,14 @@ def post_training(params: PostTrainingParams = PostTrainingParams()) -> dict:
         raise ContractViolation(f"{len(failed)} domain(s) violate their data contract: {why}")
 
     if uncalibrated:  # train exactly the domains that passed the calibration gate
-        params = params.model_copy(update={"domains": domains})
+        params = params.model_copy(update={"domains": domains, "mixing_weights": {
+            n: w for n, w in params.mixing_weights.items() if n in domains}})
     base = prepare_base_model(params.base_model)
     model = base
     if params.sft.enabled:
         model = train_stage("sft", params, model, run_key, lifecycle_run_id)
-    model = train_stage("grpo", params, model, run_key, lifecycle_run_id)
+    # GRPO samples each domain at the weight the calibration gate left it (a down-weighted judge domain: x factor)
+    model = train_stage("grpo", params, model, run_key, lifecycle_run_id, mixing_weights=gated_weights)
 
     suite = [r.name for r in resolve_domains(params.eval.domains)] if params.eval.domains else domains
     before = evaluate.submit(base, suite, params.eval, "base", lifecycle_run_id)

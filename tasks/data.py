@@ -66,11 +66,22 @@ def validate_domain(ref: DomainRef, workers: int = 1) -> DomainReport:
     return shared_validator(workers).validate(ref.domain, ref.contract, get_settings())
 
 
+def gated_mixing_weights(domains: list, kept: dict[str, float], requested: dict[str, float]) -> dict[str, float]:
+    """The mixing weights training gets after the gate: the requested ones of kept domains, plus
+    every weight the gate changed (a down-weighted domain). A domain the gate left alone keeps its
+    catalog ``sampling_ratio`` implicitly, so an ungated run trains with exactly what was asked."""
+    ratios = {d.name: d.sampling_ratio for d in domains}
+    return {name: w for name, w in kept.items() if name in requested or w != ratios[name]}
+
+
 @task(retries=2, retry_delay_seconds=[2, 10])
-def calibration_gate(refs: list[DomainRef], catalog_dir: str | None = None) -> tuple[list[DomainRef], dict[str, float], dict[str, str]]:
+def calibration_gate(refs: list[DomainRef], mixing_weights: dict[str, float] | None = None,
+                     catalog_dir: str | None = None) -> tuple[list[DomainRef], dict[str, float], dict[str, str]]:
     """Judge-scored domains whose judge is not calibrated against humans are excluded or down-weighted.
 
-    Returns (domains kept, sampling weights of the kept ones, domain -> reason it was flagged).
+    Returns (domains kept, the mixing weights to train them with, domain -> why it was flagged).
+    The weights start from ``mixing_weights`` (the run's) or the catalog's sampling ratios; a
+    down-weighted domain's weight is ``factor`` x that, and the flow passes them to GRPO.
     No MLflow call at all when no selected domain is judge-scored.
     """
     from infra import lineage
@@ -78,6 +89,7 @@ def calibration_gate(refs: list[DomainRef], catalog_dir: str | None = None) -> t
     from temper.judges.calibration import CalibrationPolicy, apply_calibration_gate, calibration_status
     from temper.settings import get_settings
 
+    requested = dict(mixing_weights or {})
     catalog = load_catalog(catalog_dir or get_settings().catalog_dir)
     domains = [catalog[r.name] for r in refs]
     judged = [d.name for d in domains if d.verifier.family == "judge"]
@@ -85,5 +97,11 @@ def calibration_gate(refs: list[DomainRef], catalog_dir: str | None = None) -> t
     if judged:
         lineage.configure()
         statuses = calibration_status(judged)
-    weights, flagged = apply_calibration_gate(domains, statuses, CalibrationPolicy())
-    return [r for r in refs if r.name in weights], weights, flagged
+    kept, flagged = apply_calibration_gate(domains, statuses, CalibrationPolicy(), base_weights=requested)
+    weights = gated_mixing_weights(domains, kept, requested)
+    for d in domains:
+        base = requested.get(d.name, d.sampling_ratio)
+        if d.name in kept and kept[d.name] != base:
+            flagged[d.name] = (f"down-weighted: sampling weight {base:g} -> {kept[d.name]:g} "
+                               "(judge not verified against human labels)")
+    return [r for r in refs if r.name in kept], weights, flagged

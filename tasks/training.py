@@ -13,6 +13,8 @@ import yaml
 from prefect import get_run_logger, task
 
 from temper.lifecycle import PostTrainingParams
+from temper.training.config import SFTSettings, TrainConfig
+from temper.training.progress import is_progress
 
 
 @task(retries=1)
@@ -30,30 +32,25 @@ def prepare_base_model(base_model: str) -> str:
     return str(out)
 
 
-def training_config(stage: str, params: PostTrainingParams, base_model: str, run_key: str, workdir: Path) -> dict:
-    """The TrainConfig fields for one stage of a post-training run."""
-    s = params.sft if stage == "sft" else params.grpo
-    cfg = {
-        "mode": stage, "run_name": f"{run_key}-{stage}", "base_model": base_model, "domains": params.domains,
-        "mixing_weights": params.mixing_weights, "output_dir": str(workdir / stage), "max_steps": s.max_steps,
-        "learning_rate": s.learning_rate, "per_device_batch_size": s.batch_size, "seed": params.seed,
-        "world_size": params.world_size, "deepspeed": params.world_size > 1, "save_steps": max(1, s.max_steps // 2),
-        "tracking": True, "mlflow_experiment": "post_training",
-    }
-    if stage == "grpo":
-        g = params.grpo
-        cfg.update(num_generations=g.num_generations, beta=g.beta, max_completion_length=g.max_completion_length,
-                   temperature=g.temperature)
-    return cfg
+def stage_config(stage: str, params: PostTrainingParams, base_model: str, run_key: str, workdir: Path,
+                 mixing_weights: dict[str, float] | None = None) -> TrainConfig:
+    """The TrainConfig of one stage of a post-training run: the flow's own stage settings, unchanged.
+
+    ``mixing_weights`` replaces the run's (the calibration gate's weights for GRPO).
+    """
+    settings = SFTSettings(**params.sft.model_dump(exclude={"enabled"})) if stage == "sft" else params.grpo
+    weights = params.mixing_weights if mixing_weights is None else mixing_weights
+    return TrainConfig(mode=stage, run_name=f"{run_key}-{stage}", base_model=base_model, domains=params.domains,
+                       mixing_weights=weights, output_dir=str(workdir / stage), seed=params.seed,
+                       world_size=params.world_size, deepspeed=params.world_size > 1, tracking=True,
+                       mlflow_experiment="post_training", **{stage: settings})
 
 
-def is_progress(line: str) -> bool:
-    """Lines worth showing at INFO: Trainer metric dicts and temper's own messages."""
-    return line.startswith(("{'loss'", "{'train_runtime'", "temper:", "launcher:"))
-
-
-@task(retries=1, retry_delay_seconds=5, task_run_name="train-{stage}", timeout_seconds=6 * 3600)
-def train_stage(stage: str, params: PostTrainingParams, base_model: str, run_key: str, parent_run_id: str) -> str:
+# No Prefect timeout: the stage's timeout_s is the one limit, enforced by the launcher, which
+# kills every rank (a Prefect timeout would only stop waiting for them).
+@task(retries=1, retry_delay_seconds=5, task_run_name="train-{stage}")
+def train_stage(stage: str, params: PostTrainingParams, base_model: str, run_key: str, parent_run_id: str,
+                mixing_weights: dict[str, float] | None = None) -> str:
     """Run one training job to completion; returns the exported HF model folder."""
     from infra.launcher_local import run_job
     from temper.errors import TemperError
@@ -66,7 +63,8 @@ def train_stage(stage: str, params: PostTrainingParams, base_model: str, run_key
     workdir = (get_settings().home / "runs" / run_key).resolve()
     workdir.mkdir(parents=True, exist_ok=True)
     config_path = workdir / f"{stage}.yaml"
-    config_path.write_text(yaml.safe_dump(training_config(stage, params, base_model, run_key, workdir)))
+    cfg = stage_config(stage, params, base_model, run_key, workdir, mixing_weights)
+    config_path.write_text(yaml.safe_dump(cfg.to_yaml_dict(), sort_keys=False))
     spec = training_job(str(config_path), stage)
     spec.env["TEMPER_PARENT_RUN_ID"] = parent_run_id
     tail: deque[str] = deque(maxlen=40)

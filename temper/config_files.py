@@ -1,8 +1,9 @@
-"""YAML files people edit (domains, contracts, rubrics) into pydantic models, with one error format.
+"""YAML files people edit (domains, contracts, rubrics, training configs, flow parameters) into
+pydantic models, with one error format.
 
 Every failure names the file (and the YAML line when there is one), the field and the reason,
-as the config's own error class, so a CLI prints one clear line. The model gets the file it
-came from as ``source_file``.
+as the config's own error class, so a CLI prints one clear line. A model with a
+``source_file`` field gets the file it came from there.
 """
 
 from __future__ import annotations
@@ -68,7 +69,8 @@ def parse_config(raw: Any, model: type[M], source: object, error: type[TemperErr
         parsed = model.model_validate(raw)
     except ValidationError as e:
         raise error(describe_validation_error(source, e)) from None
-    parsed.source_file = str(source)
+    if "source_file" in type(parsed).model_fields:
+        parsed.source_file = str(source)
     return parsed
 
 

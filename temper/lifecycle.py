@@ -1,37 +1,31 @@
 """Typed parameters of the lifecycle flows: what the Prefect UI renders as the run form.
 
 One source of truth: the flows take these models, the deployments' parameter schemas are
-generated from them, and `temper demo` fills them with the embedded defaults.
+generated from them, and `temper demo` fills them with the embedded defaults. The training
+stages are the trainer's own settings (``temper.training.config``): what the form shows is
+what ``TrainConfig`` gets, and every cross-field check runs when the parameters are
+validated, i.e. when a flow run starts, before any compute.
 """
 
 from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from temper.config_files import load_config
+from temper.errors import TemperError
 from temper.gate import PromotionPolicy
+from temper.training.config import GRPOSettings, MixingWeights, SFTSettings, check_grpo_batch, check_mixing_names
+
+__all__ = ["EvalSettings", "EvaluateParams", "GRPOSettings", "PostTrainingParams", "RetrainParams", "SFTSettings",
+           "SFTStage", "ValidateParams", "load_params"]
 
 
-class SFTSettings(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+class SFTStage(SFTSettings):
+    """The flow's SFT stage: the trainer's SFTSettings plus whether the stage runs at all."""
 
     enabled: bool = Field(default=True, description="Run supervised fine-tuning on the `reference` column first.")
-    max_steps: int = Field(default=150, ge=1, description="Optimizer steps of SFT.")
-    learning_rate: float = Field(default=3e-3, gt=0, description="Peak learning rate of SFT.")
-    batch_size: int = Field(default=16, ge=1, description="Per-rank batch size of SFT.")
-
-
-class GRPOSettings(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-    max_steps: int = Field(default=40, ge=1, description="GRPO optimizer steps.")
-    num_generations: int = Field(default=4, ge=2, description="Completions sampled per prompt (group size G).")
-    batch_size: int = Field(default=8, ge=1, description="Per-rank completions per step (prompts x G / ranks).")
-    learning_rate: float = Field(default=3e-4, gt=0, description="Peak learning rate of GRPO.")
-    beta: float = Field(default=0.0, ge=0, description="KL coefficient against the reference model (0 = no ref model).")
-    max_completion_length: int = Field(default=4, ge=1, description="Longest sampled completion, in tokens.")
-    temperature: float = Field(default=0.8, gt=0, description="Sampling temperature of the rollouts.")
 
 
 class EvalSettings(BaseModel):
@@ -53,15 +47,21 @@ class PostTrainingParams(BaseModel):
     base_model: str = Field(default="tiny", description="HF folder, fsspec URI, or 'tiny' (made by `temper model init-tiny`).")
     domains: list[str] = Field(default_factory=lambda: ["arithmetic", "multiplication"],
                                description="Domains to train on (names or globs over the catalog).")
-    mixing_weights: dict[str, float] = Field(default_factory=dict,
-                                             description="Override of catalog sampling ratios, domain -> weight.")
-    sft: SFTSettings = Field(default_factory=SFTSettings)
+    mixing_weights: MixingWeights = Field(default_factory=dict,
+                                          description="Override of catalog sampling ratios, domain -> weight > 0.")
+    sft: SFTStage = Field(default_factory=SFTStage)
     grpo: GRPOSettings = Field(default_factory=GRPOSettings)
     eval: EvalSettings = Field(default_factory=EvalSettings)
     promotion: PromotionPolicy = Field(default_factory=PromotionPolicy)
     backend: Literal["local", "kubernetes"] = Field(default="local", description="Where training and eval jobs run.")
-    world_size: int = Field(default=2, ge=1, description="Training processes (ZeRO-3 ranks).")
+    world_size: int = Field(default=2, ge=1, description="Training processes (ZeRO-3 ranks; 1 = no DeepSpeed).")
     seed: int = Field(default=0, description="Seed of sampling, data order and initialisation.")
+
+    @model_validator(mode="after")
+    def _check(self) -> "PostTrainingParams":
+        check_grpo_batch(self.grpo, self.world_size)
+        check_mixing_names(self.mixing_weights, self.domains)
+        return self
 
 
 class EvaluateParams(BaseModel):
@@ -87,18 +87,4 @@ class RetrainParams(BaseModel):
 
 def load_params(path: str) -> PostTrainingParams:
     """PostTrainingParams from a YAML/JSON file; errors name the file and the field."""
-    from pathlib import Path
-
-    import yaml
-    from pydantic import ValidationError
-
-    from temper.errors import TemperError, describe_validation_error
-
-    try:
-        raw = yaml.safe_load(Path(path).read_text())
-    except (OSError, yaml.YAMLError) as e:
-        raise TemperError(f"{path}: cannot read parameters: {e}") from None
-    try:
-        return PostTrainingParams.model_validate(raw or {})
-    except ValidationError as e:
-        raise TemperError(describe_validation_error(path, e)) from None
+    return load_config(path, PostTrainingParams, TemperError, "parameters")

@@ -21,6 +21,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from temper.lifecycle import EvalSettings
+
 
 @dataclass
 class EvalResult:
@@ -116,8 +118,13 @@ async def _score_all(verifier, records: list[dict], completions: list[str]):
     return await asyncio.gather(*(verifier.ascore(r, c) for r, c in zip(records, completions)))
 
 
-def evaluate_domain(model_dir: str, domain_name: str, catalog_dir: str | None = None, limit: int = 64,
-                    max_new_tokens: int = 32, keep_samples: int = 5, generator: str = "local") -> EvalResult:
+# The flow's eval settings are the defaults here too (one default per knob: 8 tokens, not 32).
+DEFAULTS = EvalSettings()
+
+
+def evaluate_domain(model_dir: str, domain_name: str, catalog_dir: str | None = None, limit: int = DEFAULTS.limit,
+                    max_new_tokens: int = DEFAULTS.max_new_tokens, keep_samples: int = 5,
+                    generator: str = "local") -> EvalResult:
     """One domain, with a model loaded for it (see ``evaluate_domains`` for a set)."""
     from temper.catalog import load_catalog
     from temper.settings import get_settings
@@ -137,8 +144,9 @@ def shard_of(domains: list[str], index: int, count: int) -> list[str]:
     return sorted(set(domains))[index::count]
 
 
-def evaluate_domains(model_dir: str, domain_names: list[str], catalog_dir: str | None = None, limit: int = 64,
-                     max_new_tokens: int = 32, keep_samples: int = 5, generator: str = "local"):
+def evaluate_domains(model_dir: str, domain_names: list[str], catalog_dir: str | None = None,
+                     limit: int = DEFAULTS.limit, max_new_tokens: int = DEFAULTS.max_new_tokens, keep_samples: int = 5,
+                     generator: str = "local"):
     """Yield one EvalResult per domain, in order, loading the catalog and the model once."""
     from temper.catalog import load_catalog, select_domains
     from temper.settings import get_settings
@@ -185,8 +193,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--model", required=True, help="HF model folder")
     ap.add_argument("--domain", action="append", required=True, help="a domain to evaluate (repeatable)")
     ap.add_argument("--catalog", default=None)
-    ap.add_argument("--limit", type=int, default=64)
-    ap.add_argument("--max-new-tokens", type=int, default=32)
+    ap.add_argument("--limit", type=int, default=DEFAULTS.limit)
+    ap.add_argument("--max-new-tokens", type=int, default=DEFAULTS.max_new_tokens)
     ap.add_argument("--generator", choices=["local", "rollout"], default="local",
                     help="local: transformers generate here; rollout: the rollout backend (TEMPER_ROLLOUT_*)")
     ap.add_argument("--out", required=True, help="directory (local path or fsspec URI) for <domain>.json results")

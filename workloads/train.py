@@ -7,8 +7,6 @@ Exit 0 = done, 1 = a TemperError (printed as one line), anything else = a bug.
 from __future__ import annotations
 
 import argparse
-import json
-import logging
 import os
 import sys
 
@@ -19,23 +17,23 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--config", required=True, help="training config YAML (temper.training.config.TrainConfig)")
     parser.add_argument("--max-steps", type=int, default=None, help="override max_steps")
     args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+
+    from temper.training.progress import quiet_libraries, result_lines
+
+    quiet_libraries()  # before torch/transformers are imported
 
     from temper.errors import TemperError
-    from temper.training.config import TrainingError, load_config
+    from temper.training.config import load_config
     from temper.training.run import train
 
     try:
-        overrides = {"max_steps": args.max_steps} if args.max_steps else {}
-        cfg = load_config(args.config, overrides)
-        if cfg.mode != args.mode:
-            raise TrainingError(f"{args.config}: config is for mode {cfg.mode!r}, command asked for {args.mode!r}")
+        cfg = load_config(args.config, max_steps=args.max_steps, mode=args.mode)
         result = train(cfg)
     except TemperError as e:
         print(f"temper: error: {e}", file=sys.stderr, flush=True)
         return 1
     if os.environ.get("RANK", "0") == "0":
-        print("temper: result " + json.dumps(result), flush=True)
+        print("\n".join(result_lines(cfg.mode, result)), flush=True)
     return 0
 
 

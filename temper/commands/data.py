@@ -21,15 +21,24 @@ def _domains(args):
     return select_domains(catalog, args.domain)
 
 
+def _bar(items: list, desc: str):
+    """A progress bar on an interactive terminal (stderr); nothing when output is piped or logged."""
+    from tqdm import tqdm
+
+    return tqdm(items, desc=desc, unit="domain", disable=None, leave=False)
+
+
 def generate(args) -> int:
+    from tqdm import tqdm
+
     from temper.datasets import generate_domain_dataset
 
-    for d in _domains(args):
+    for d in _bar(_domains(args), "generate"):
         if not d.dataset.generator:
-            print(f"skip {d.name}: no generator (brought dataset)")
+            tqdm.write(f"skip {d.name}: no generator (brought dataset)")
             continue
         uri, digest, written = generate_domain_dataset(d, overwrite=args.overwrite)
-        print(f"{'wrote' if written else 'kept '} {d.name}: {uri} sha256={digest[:12]}")
+        tqdm.write(f"{'wrote' if written else 'kept '} {d.name}: {uri} sha256={digest[:12]}")
     return 0
 
 

@@ -18,6 +18,7 @@ from transformers import TrainerCallback
 from temper.settings import Settings
 from temper.training import checkpoint as ckpt
 from temper.training.config import TrainConfig
+from temper.training.progress import progress_line
 from temper.training.rewards import DomainRewards, merge_summaries
 
 
@@ -63,6 +64,7 @@ class TemperCallback(TrainerCallback):
         self.history: list[dict[str, float]] = []
         self._t_step = self._t_log = time.perf_counter()
         self._tokens_at_log: float | None = None
+        self._t_begin, self._step_begin = time.perf_counter(), 0
 
     # -- lifecycle ---------------------------------------------------------------------------
     def on_train_begin(self, args, state, control, model=None, **kw):
@@ -70,7 +72,8 @@ class TemperCallback(TrainerCallback):
             (self.out / f"shards-rank{_rank()}.json").write_text(json.dumps(shard_report(model)))
         if self.main and tracking_enabled(self.cfg, self.settings):
             self._start_mlflow()
-        self._t_log = time.perf_counter()
+        self._t_log = self._t_begin = time.perf_counter()
+        self._step_begin = state.global_step  # > 0 when resumed: the ETA counts this process's pace only
 
     def _start_mlflow(self) -> None:
         import mlflow
@@ -89,7 +92,7 @@ class TemperCallback(TrainerCallback):
             lineage.TAG_KIND: "stage", lineage.TAG_STAGE: self.cfg.mode, lineage.TAG_GIT: lineage.code_version(),
             **tags, **({lineage.PARENT_TAG: parent} if parent else {})})
         id_file.write_text(self.mlflow_run.info.run_id)
-        mlflow.log_dict(self.cfg.model_dump(mode="json"), "train_config.json")
+        mlflow.log_dict(self.cfg.to_yaml_dict(), "train_config.json")
         for name, frame in self.frames.items():
             lineage.log_dataset(name, frame, self.uris[name], self.digests[name], context="training")
 
@@ -122,6 +125,9 @@ class TemperCallback(TrainerCallback):
         self.history.append(row)
         with open(self.out / "metrics.jsonl", "a") as f:
             f.write(json.dumps(row) + "\n")
+        if "loss" in row:
+            print(progress_line(self.cfg.mode, state.global_step, state.max_steps, row, now - self._t_begin,
+                                state.global_step - self._step_begin), flush=True)
         if self.mlflow_run is not None:
             import mlflow
 
@@ -155,4 +161,6 @@ class TemperCallback(TrainerCallback):
             mlflow.log_artifact(str(png))
         if result.get("model_dir") and self.cfg.register_as:
             result["model_version"] = log_and_register(result["model_dir"], self.cfg.register_as)
+        result.update(mlflow_run_id=self.mlflow_run.info.run_id, mlflow_experiment=self.cfg.mlflow_experiment,
+                      tracking_uri=mlflow.get_tracking_uri())
         mlflow.end_run()

@@ -78,19 +78,20 @@ def sync_to_store(cfg: TrainConfig, checkpoint_dir: Path, settings: Settings | N
             fs.put_file(str(f), f"{path}/{rel}")
     fs.put_file(str(checkpoint_dir / STATE_FILE), f"{path}/{STATE_FILE}")
     steps = store_checkpoints(store_uri(cfg, settings), settings)
-    for old in steps[:-cfg.save_total_limit]:
+    for old in steps[:-cfg.stage.save_total_limit]:
         fs.rm(f"{path.rsplit('/', 1)[0]}/checkpoint-{old}", recursive=True)
     return uri
 
 
 # Fields that may change between a run and its resume: they do not change what is trained.
-RESUMABLE_CHANGES = {"max_steps", "save_steps", "save_total_limit", "resume", "allow_dataset_change", "export",
-                     "register_as", "tracking", "log_shards", "mlflow_experiment", "output_dir", "store_uri"}
+RESUMABLE_CHANGES = {"max_steps", "save_steps", "save_total_limit", "timeout_s", "resume", "allow_dataset_change",
+                     "export", "register_as", "tracking", "log_shards", "mlflow_experiment", "output_dir", "store_uri"}
 
 
 def training_fingerprint(cfg: TrainConfig) -> str:
     """Hash of the config fields that define the optimisation (lr, batch, model, seed, ...)."""
-    fields = cfg.model_dump(mode="json", exclude=RESUMABLE_CHANGES)
+    fields = cfg.model_dump(mode="json", exclude=RESUMABLE_CHANGES | {"sft", "grpo"})
+    fields["stage"] = cfg.stage.model_dump(mode="json", exclude=RESUMABLE_CHANGES)
     return hashlib.sha256(json.dumps(fields, sort_keys=True).encode()).hexdigest()[:16]
 
 

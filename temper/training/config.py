@@ -1,62 +1,135 @@
-"""The training config: one pydantic model, loaded from YAML, documenting every knob.
+"""The training configuration, once: stage settings shared by the flow's form and the trainer.
 
-The DeepSpeed JSON and accelerate config are generated from it (``temper.training.deepspeed``),
-so a run is fully described by this file plus the data digests recorded in its checkpoints.
+``SFTSettings`` and ``GRPOSettings`` are the knobs of one training stage. The post_training
+flow takes them as parameters (the Prefect UI renders them as the run form) and passes the
+same objects into ``TrainConfig``, which ``temper train`` also reads from YAML: one set of
+names and defaults from the form to the TRL config (``temper.training.run._args``). The
+checks that involve several fields (GRPO group divisibility, mixing weights, DeepSpeed vs
+world size) are functions here, run by both ``TrainConfig`` and ``PostTrainingParams``,
+so a flow run with an impossible combination fails at parameter validation, before compute.
+
+The DeepSpeed JSON and accelerate config are generated from a TrainConfig
+(``temper.training.deepspeed``), so a run is fully described by its file plus the data
+digests recorded in its checkpoints.
 """
 
 from __future__ import annotations
 
+import fnmatch
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Literal
 
-import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from temper.errors import TemperError, describe_validation_error
+from temper.config_files import parse_config, read_yaml
+from temper.errors import TemperError
 
 
 class TrainingError(TemperError):
     """A training config, checkpoint or resume request is wrong."""
 
 
-class TrainConfig(BaseModel):
-    """One SFT or GRPO run."""
+# domain -> sampling weight; a weight of 0 would silently drop a domain, so it must be > 0.
+MixingWeights = dict[str, Annotated[float, Field(gt=0)]]
+
+Scheduler = Literal["constant", "constant_with_warmup", "linear", "cosine", "cosine_with_restarts", "polynomial",
+                    "inverse_sqrt"]
+
+
+class StageSettings(BaseModel):
+    """Optimisation knobs every training stage has (the subclasses set each stage's defaults)."""
 
     model_config = ConfigDict(extra="forbid")
 
-    mode: Literal["sft", "grpo"] = Field(description="Which trainer runs: TRL SFTTrainer or GRPOTrainer.")
+    # max_steps, learning_rate and per_device_batch_size: no default here, each stage sets its own.
+    max_steps: int = Field(ge=1, description="Optimizer steps of the stage.")
+    learning_rate: float = Field(gt=0, description="Peak learning rate of torch AdamW.")
+    lr_scheduler_type: Scheduler = Field(default="constant", description="Learning-rate schedule after warmup.")
+    warmup_steps: int = Field(default=0, ge=0, description="Linear warmup steps.")
+    weight_decay: float = Field(default=0.0, ge=0, description="AdamW weight decay.")
+    per_device_batch_size: int = Field(ge=1, description="Samples per rank per step.")
+    save_steps: int | None = Field(default=None, ge=1,
+                                   description="Checkpoint every N steps (ZeRO-3 partitions + optimizer + RNG); "
+                                   "empty = once half-way (max_steps // 2).")
+    save_total_limit: int = Field(default=2, ge=1, description="Checkpoints kept locally and in the store (last K).")
+    timeout_s: int = Field(default=6 * 3600, ge=1,
+                           description="Wall-clock limit of the training job; the launcher then kills every rank.")
+
+    @property
+    def checkpoint_every(self) -> int:
+        return self.save_steps or max(1, self.max_steps // 2)
+
+
+class SFTSettings(StageSettings):
+    """Supervised fine-tuning on each record's ``reference`` column."""
+
+    max_steps: int = Field(default=150, ge=1, description="Optimizer steps of SFT.")
+    learning_rate: float = Field(default=3e-3, gt=0, description="Peak learning rate of SFT.")
+    per_device_batch_size: int = Field(default=16, ge=1, description="Prompt+reference samples per rank per step.")
+    max_length: int = Field(default=128, ge=1, description="Prompt+completion tokens kept per sample.")
+
+
+class GRPOSettings(StageSettings):
+    """Multi-domain GRPO: sampled completions scored by each domain's verifier."""
+
+    max_steps: int = Field(default=40, ge=1, description="GRPO optimizer steps.")
+    learning_rate: float = Field(default=3e-4, gt=0, description="Peak learning rate of GRPO.")
+    per_device_batch_size: int = Field(default=8, ge=1,
+                                       description="Completions per rank per step (prompts x num_generations / ranks).")
+    num_generations: int = Field(default=4, ge=2, description="Completions sampled per prompt (group size G).")
+    max_completion_length: int = Field(default=4, ge=1, description="Longest sampled completion, in tokens.")
+    temperature: float = Field(default=0.8, gt=0, description="Sampling temperature of the rollouts.")
+    beta: float = Field(default=0.0, ge=0, description="KL coefficient against the reference model (0 = no ref model).")
+
+
+def check_grpo_batch(grpo: GRPOSettings, world_size: int, where: str = "grpo") -> None:
+    """A step's completions must split into whole groups of num_generations."""
+    total = grpo.per_device_batch_size * world_size
+    if total % grpo.num_generations:
+        raise ValueError(f"{where}.per_device_batch_size x world_size ({grpo.per_device_batch_size} x {world_size} "
+                         f"= {total}) must be divisible by {where}.num_generations ({grpo.num_generations})")
+
+
+def check_mixing_names(mixing_weights: dict[str, float], domains: list[str]) -> None:
+    """A weight for a domain the run does not select would be silently unused (or fail mid-run)."""
+    if not domains:
+        return  # all domains
+    stray = sorted(n for n in mixing_weights if not any(fnmatch.fnmatchcase(n, p) for p in domains))
+    if stray:
+        raise ValueError(f"mixing_weights name domains not selected by domains {domains}: {', '.join(stray)}")
+
+
+def check_deepspeed(deepspeed: bool, world_size: int) -> None:
+    if not deepspeed and world_size != 1:
+        raise ValueError("deepspeed=false runs a single process: set world_size: 1")
+
+
+class TrainConfig(BaseModel):
+    """One SFT or GRPO run: where it runs and on what, plus the settings of its stage (``sft:`` or ``grpo:``)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    mode: Literal["sft", "grpo"] = Field(description="Which trainer runs (TRL SFTTrainer or GRPOTrainer), and so "
+                                         "which settings section is read: `sft:` or `grpo:`.")
     run_name: str = Field(pattern=r"^[a-z0-9][a-z0-9_\-]*$",
                           description="Identifies the run; checkpoints live under <store>/runs/<run_name>, "
                           "and a run restarted with the same name resumes from its latest checkpoint.")
     base_model: str = Field(description="HF causal LM folder: a local path or an fsspec URI (copied to a local cache).")
     domains: list[str] = Field(default_factory=list,
                                description="Glob patterns over catalog domain names; empty means all domains.")
-    mixing_weights: dict[str, float] = Field(default_factory=dict,
-                                             description="Per-domain sampling weight overriding the catalog's "
-                                             "sampling_ratio (domain -> weight > 0).")
+    mixing_weights: MixingWeights = Field(default_factory=dict,
+                                          description="Per-domain sampling weight overriding the catalog's "
+                                          "sampling_ratio (domain -> weight > 0).")
     catalog_dir: str | None = Field(default=None, description="Domain catalog directory; None means settings.catalog_dir.")
     output_dir: str = Field(description="Local working directory: checkpoints, metrics.jsonl, the exported model.")
     store_uri: str | None = Field(default=None,
                                   description="Where checkpoints are synced (local path or s3://). "
                                   "None means <settings.storage_root>/runs/<run_name>.")
-    max_steps: int = Field(default=100, gt=0, description="Optimizer steps of the run.")
-    learning_rate: float = Field(default=1e-4, gt=0, description="Peak learning rate of torch AdamW.")
-    lr_scheduler_type: str = Field(default="constant", description="transformers scheduler name (constant, linear, cosine).")
-    warmup_steps: int = Field(default=0, ge=0, description="Linear warmup steps.")
-    weight_decay: float = Field(default=0.0, ge=0, description="AdamW weight decay.")
-    per_device_batch_size: int = Field(default=8, gt=0,
-                                       description="Samples per rank per step (for GRPO: completions, "
-                                       "i.e. prompts x num_generations / world_size).")
     seed: int = Field(default=0, description="Seeds the model init RNG, the domain sampler and data order.")
-    max_length: int = Field(default=128, gt=0, description="SFT: prompt+completion tokens kept per sample.")
-    num_generations: int = Field(default=4, ge=2, description="GRPO: completions sampled per prompt (group size).")
-    max_completion_length: int = Field(default=8, gt=0, description="GRPO: new tokens generated per completion.")
-    temperature: float = Field(default=1.0, gt=0, description="GRPO: sampling temperature of generation.")
-    beta: float = Field(default=0.04, ge=0, description="GRPO: KL coefficient against the reference model (0 = no ref model).")
     world_size: int = Field(default=2, ge=1, description="Processes (ranks) started by accelerate launch.")
     deepspeed: bool = Field(default=True, description="Run under DeepSpeed ZeRO-3; False = plain single-process torch.")
-    save_steps: int = Field(default=50, gt=0, description="Checkpoint every N steps (ZeRO-3 partitions + optimizer + RNG).")
-    save_total_limit: int = Field(default=2, gt=0, description="Checkpoints kept locally and in the store (last K).")
+    sft: SFTSettings | None = Field(default=None, description="Settings when mode is sft (defaults if absent).")
+    grpo: GRPOSettings | None = Field(default=None, description="Settings when mode is grpo (defaults if absent).")
     resume: Literal["auto", "never"] = Field(default="auto",
                                              description="'auto' resumes from the run's latest checkpoint when one exists.")
     allow_dataset_change: bool = Field(default=False,
@@ -70,36 +143,57 @@ class TrainConfig(BaseModel):
 
     @model_validator(mode="after")
     def _check(self) -> "TrainConfig":
-        if self.mode == "grpo" and (self.per_device_batch_size * self.world_size) % self.num_generations:
-            raise ValueError(f"per_device_batch_size*world_size ({self.per_device_batch_size * self.world_size}) "
-                             f"must be divisible by num_generations ({self.num_generations})")
-        bad = {d: w for d, w in self.mixing_weights.items() if w <= 0}
-        if bad:
-            raise ValueError(f"mixing_weights must be > 0, got {bad}")
-        if not self.deepspeed and self.world_size != 1:
-            raise ValueError("deepspeed=false runs a single process: set world_size: 1")
+        other = "grpo" if self.mode == "sft" else "sft"
+        if getattr(self, other) is not None:
+            raise ValueError(f"mode is {self.mode!r} but the file has a '{other}:' section; "
+                             f"rename it to '{self.mode}:' or set mode: {other}")
+        if self.mode == "sft" and self.sft is None:
+            self.sft = SFTSettings()
+        if self.mode == "grpo":
+            self.grpo = self.grpo or GRPOSettings()
+            check_grpo_batch(self.grpo, self.world_size)
+        check_mixing_names(self.mixing_weights, self.domains)
+        check_deepspeed(self.deepspeed, self.world_size)
         return self
+
+    @property
+    def stage(self) -> SFTSettings | GRPOSettings:
+        """The settings of this run's mode."""
+        return self.sft if self.mode == "sft" else self.grpo  # type: ignore[return-value]
 
     @property
     def prompts_per_step(self) -> int:
         if self.mode == "sft":
-            return self.per_device_batch_size * self.world_size
-        return self.per_device_batch_size * self.world_size // self.num_generations
+            return self.stage.per_device_batch_size * self.world_size
+        return self.stage.per_device_batch_size * self.world_size // self.grpo.num_generations
+
+    def to_yaml_dict(self) -> dict:
+        """The file form: every field, without the unused stage section."""
+        return self.model_dump(mode="json", exclude={"grpo" if self.mode == "sft" else "sft"})
 
 
-def load_config(path: str | Path, overrides: dict | None = None) -> TrainConfig:
-    """Read a YAML config; errors name the file and the field."""
-    path = Path(path)
-    try:
-        raw = yaml.safe_load(path.read_text())
-    except OSError as e:
-        raise TrainingError(f"{path}: cannot read training config: {e.strerror}") from None
-    except yaml.YAMLError as e:
-        raise TrainingError(f"{path}: malformed YAML: {e}") from None
-    if not isinstance(raw, dict):
-        raise TrainingError(f"{path}: expected a mapping of config fields, got {type(raw).__name__}")
-    raw.update(overrides or {})
-    try:
-        return TrainConfig.model_validate(raw)
-    except ValidationError as e:
-        raise TrainingError(describe_validation_error(path, e)) from None
+def nest_stage_fields(fields: dict) -> dict:
+    """A TrainConfig dict from flat fields (scripts, tests): the stage's own fields go under its section."""
+    stage_model = SFTSettings if fields.get("mode") == "sft" else GRPOSettings
+    out = {k: v for k, v in fields.items() if k not in stage_model.model_fields}
+    out[fields["mode"]] = {**fields.get(fields["mode"], {}),
+                           **{k: v for k, v in fields.items() if k in stage_model.model_fields}}
+    return out
+
+
+def load_config(path: str | Path, max_steps: int | None = None, mode: str | None = None) -> TrainConfig:
+    """A training config YAML (``max_steps`` overrides the stage's); ``mode``: the one the command asked for.
+
+    Errors name the file and the field, in the format of every temper config file.
+    """
+    raw = read_yaml(path, TrainingError, "training config")
+    if isinstance(raw, dict):
+        if mode is not None and raw.get("mode") in ("sft", "grpo") and raw["mode"] != mode:
+            article = {"sft": "an SFT", "grpo": "a GRPO"}
+            raise TrainingError(f"{path}: {article[raw['mode']]} config (mode: {raw['mode']}), but the command is "
+                                f"`train {mode}`: run `temper train {raw['mode']} --config {path}` or pass "
+                                f"{article[mode]} config")
+        if max_steps is not None and raw.get("mode") in ("sft", "grpo"):
+            section = raw.get(raw["mode"])
+            raw[raw["mode"]] = {**(section if isinstance(section, dict) else {}), "max_steps": max_steps}
+    return parse_config(raw, TrainConfig, path, TrainingError, "training config")

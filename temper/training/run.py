@@ -76,7 +76,7 @@ def new_sampler(cfg: TrainConfig, domains: list[Domain], frames: dict[str, Any])
 def build_stream(cfg: TrainConfig, domains: list[Domain], frames: dict[str, Any]) -> list[dict[str, str]]:
     by_name = {d.name: d for d in domains}
     rows = []
-    for name, idx in new_sampler(cfg, domains, frames).take((cfg.max_steps + 1) * cfg.prompts_per_step):
+    for name, idx in new_sampler(cfg, domains, frames).take((cfg.stage.max_steps + 1) * cfg.prompts_per_step):
         record = {k: (v.item() if hasattr(v, "item") else v) for k, v in frames[name].iloc[idx].to_dict().items()}
         row = {"prompt": by_name[name].render_prompt(record), "domain": name}
         if cfg.mode == "sft":
@@ -88,11 +88,13 @@ def build_stream(cfg: TrainConfig, domains: list[Domain], frames: dict[str, Any]
 
 
 def _args(cfg: TrainConfig, ds_json: str | None):
+    """The TRL config: each stage setting under its own name (TRL's where they differ)."""
+    s = cfg.stage
     common = dict(
-        output_dir=cfg.output_dir, max_steps=cfg.max_steps, per_device_train_batch_size=cfg.per_device_batch_size,
-        gradient_accumulation_steps=1, learning_rate=cfg.learning_rate, lr_scheduler_type=cfg.lr_scheduler_type,
-        warmup_steps=cfg.warmup_steps, weight_decay=cfg.weight_decay, seed=cfg.seed, data_seed=cfg.seed,
-        logging_steps=1, save_strategy="steps", save_steps=cfg.save_steps, save_total_limit=cfg.save_total_limit,
+        output_dir=cfg.output_dir, max_steps=s.max_steps, per_device_train_batch_size=s.per_device_batch_size,
+        gradient_accumulation_steps=1, learning_rate=s.learning_rate, lr_scheduler_type=s.lr_scheduler_type,
+        warmup_steps=s.warmup_steps, weight_decay=s.weight_decay, seed=cfg.seed, data_seed=cfg.seed,
+        logging_steps=1, save_strategy="steps", save_steps=s.checkpoint_every, save_total_limit=s.save_total_limit,
         report_to=[], deepspeed=ds_json, optim="adamw_torch", use_cpu=not cfg.deepspeed, bf16=False, fp16=False,
         dataloader_num_workers=0, disable_tqdm=True, train_sampling_strategy="sequential", remove_unused_columns=False,
         accelerator_config={"use_configured_state": True},
@@ -100,11 +102,11 @@ def _args(cfg: TrainConfig, ds_json: str | None):
     if cfg.mode == "sft":
         from trl import SFTConfig
 
-        return SFTConfig(max_length=cfg.max_length, completion_only_loss=True, packing=False, **common)
+        return SFTConfig(max_length=s.max_length, completion_only_loss=True, packing=False, **common)
     from trl import GRPOConfig
 
-    return GRPOConfig(num_generations=cfg.num_generations, max_completion_length=cfg.max_completion_length,
-                      temperature=cfg.temperature, beta=cfg.beta, shuffle_dataset=False, log_completions=False,
+    return GRPOConfig(num_generations=s.num_generations, max_completion_length=s.max_completion_length,
+                      temperature=s.temperature, beta=s.beta, shuffle_dataset=False, log_completions=False,
                       **common)
 
 
@@ -113,6 +115,7 @@ def train(cfg: TrainConfig, settings: Settings | None = None) -> dict[str, Any]:
     import datasets
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers.trainer_callback import PrinterCallback
 
     settings = settings or get_settings()
     domains, frames, digests, uris = load_domains(cfg, settings)
@@ -172,6 +175,7 @@ def train(cfg: TrainConfig, settings: Settings | None = None) -> dict[str, Any]:
                               sampler_factory=lambda: new_sampler(cfg, domains, frames), rewards=rewards,
                               base_model=cfg.base_model)
     trainer.add_callback(callback)
+    trainer.remove_callback(PrinterCallback)  # raw metric dicts; the callback prints one readable line instead
     trainer.train(resume_from_checkpoint=str(resume_from) if resume_from else None)
 
     result: dict[str, Any] = {"steps": trainer.state.global_step}

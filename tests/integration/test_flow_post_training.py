@@ -52,9 +52,9 @@ def _report_artifact(flow_run_id) -> str:
 
 
 def _small_params(**kw):
-    from temper.lifecycle import EvalSettings, GRPOSettings, PostTrainingParams, SFTSettings
+    from temper.lifecycle import EvalSettings, GRPOSettings, PostTrainingParams, SFTStage
 
-    fields = dict(model_name=MODEL, domains=["arithmetic", "multiplication"], sft=SFTSettings(max_steps=60),
+    fields = dict(model_name=MODEL, domains=["arithmetic", "multiplication"], sft=SFTStage(max_steps=60),
                   grpo=GRPOSettings(max_steps=4), eval=EvalSettings(limit=32))
     return PostTrainingParams(**{**fields, **kw})
 
@@ -155,3 +155,17 @@ def test_deployments_from_prefect_yaml_register_with_schedule_and_form_schema(pr
     assert {"base_model", "domains", "mixing_weights", "sft", "grpo", "eval", "promotion", "backend"} <= set(form)
     assert form["backend"]["enum"] == ["local", "kubernetes"]
     assert schema["definitions"]["GRPOSettings"]["properties"]["num_generations"]["minimum"] == 2
+    for stage in ("SFTStage", "GRPOSettings"):  # the knobs a user expects are on the form
+        assert {"warmup_steps", "lr_scheduler_type", "weight_decay", "save_steps"} <= set(
+            schema["definitions"][stage]["properties"])
+
+
+def test_impossible_grpo_batch_fails_at_parameter_validation_before_any_task(temper_home, prefect_api):
+    """Prefect validates PostTrainingParams when the flow run starts: it fails before any task or job."""
+    from prefect.exceptions import ParameterTypeError
+
+    from flows.post_training import post_training
+
+    with pytest.raises(ParameterTypeError, match="divisible by grpo.num_generations"):
+        post_training(params={"grpo": {"per_device_batch_size": 3, "num_generations": 4}, "world_size": 1})
+    assert not (temper_home / "runs").exists() and not (temper_home / "models").exists()

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from temper.training.config import nest_stage_fields
 from tests.conftest import REPO
 
 DOMAINS = ["arithmetic", "multiplication"]
@@ -46,7 +47,7 @@ def write_config(root: Path, name: str, **fields) -> Path:
     base = {"run_name": name, "domains": DOMAINS, "output_dir": str(root / name), "tracking": False,
             "save_steps": 1000, "seed": 0}
     path = root / f"{name}.yaml"
-    path.write_text(yaml.safe_dump({**base, **fields}))
+    path.write_text(yaml.safe_dump(nest_stage_fields({**base, **fields})))
     return path
 
 

@@ -6,7 +6,7 @@ import collections
 
 import pytest
 
-from temper.training.config import TrainConfig
+from temper.training.config import TrainConfig, nest_stage_fields
 from temper.training.deepspeed import accelerate_config, deepspeed_config
 from temper.training.mixing import DomainMixSampler
 
@@ -14,11 +14,14 @@ from temper.training.mixing import DomainMixSampler
 def _cfg(**kw):
     base = dict(mode="grpo", run_name="r", base_model="/m", output_dir="/o", per_device_batch_size=4,
                 num_generations=4, world_size=2)
-    return TrainConfig(**{**base, **kw})
+    fields = {**base, **kw}
+    if fields["mode"] == "sft":
+        fields.pop("num_generations")
+    return TrainConfig.model_validate(nest_stage_fields(fields))
 
 
 def test_grpo_batch_must_divide_into_groups():
-    with pytest.raises(ValueError, match="divisible by num_generations"):
+    with pytest.raises(ValueError, match=r"divisible by grpo.num_generations \(4\)"):
         _cfg(per_device_batch_size=3)
 
 
@@ -100,8 +103,11 @@ def test_resume_refuses_a_changed_training_config_but_allows_more_steps(tmp_path
 
     cfg = _cfg(mode="sft", learning_rate=1e-3)
     ckpt.write_state(tmp_path, cfg, {}, {"a": "d1"}, step=3)
-    assert ckpt.check_resume(cfg.model_copy(update={"max_steps": 500}), tmp_path, {"a": "d1"})["step"] == 3
+    assert ckpt.check_resume(_cfg(mode="sft", learning_rate=1e-3, max_steps=500, save_steps=7, timeout_s=60),
+                             tmp_path, {"a": "d1"})["step"] == 3
     with pytest.raises(TrainingError, match="training config changed"):
-        ckpt.check_resume(cfg.model_copy(update={"learning_rate": 2e-3}), tmp_path, {"a": "d1"})
+        ckpt.check_resume(_cfg(mode="sft", learning_rate=2e-3), tmp_path, {"a": "d1"})
+    with pytest.raises(TrainingError, match="training config changed"):
+        ckpt.check_resume(_cfg(mode="sft", learning_rate=1e-3, warmup_steps=2), tmp_path, {"a": "d1"})
     with pytest.raises(TrainingError, match=r"dataset changed .*a: d1 -> d2"):
         ckpt.check_resume(cfg, tmp_path, {"a": "d2"})

@@ -1,0 +1,154 @@
+"""The training configuration, once: flow form == trainer config, checks at validation, shipped examples load."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+from pydantic import ValidationError
+
+from temper.errors import TemperError
+from temper.lifecycle import GRPOSettings, PostTrainingParams, SFTStage, load_params
+from temper.training.config import SFTSettings, TrainConfig, TrainingError, load_config
+from tests.conftest import REPO
+
+SHIPPED = sorted((REPO / "configs" / "train").glob("*.yaml"))
+
+
+@pytest.mark.parametrize("path", SHIPPED, ids=lambda p: p.name)
+def test_every_shipped_training_config_loads(path):
+    cfg = load_config(path)
+    assert cfg.mode == path.stem and cfg.stage is not None
+
+
+def test_shipped_configs_are_the_flow_defaults_and_the_k8s_jobs_point_at_them():
+    """configs/train = what `temper demo` trains with; every k8s training job names an existing config."""
+    assert {p.name for p in SHIPPED} == {"sft.yaml", "grpo.yaml"}
+    params = PostTrainingParams()
+    sft, grpo = load_config(REPO / "configs/train/sft.yaml"), load_config(REPO / "configs/train/grpo.yaml")
+    defaults_sft = params.sft.model_dump(exclude={"enabled", "save_steps"})
+    assert sft.stage.model_dump(exclude={"save_steps"}) == defaults_sft
+    assert grpo.stage.model_dump(exclude={"save_steps"}) == params.grpo.model_dump(exclude={"save_steps"})
+    assert (sft.stage.checkpoint_every, grpo.stage.checkpoint_every) == (params.sft.checkpoint_every,
+                                                                       params.grpo.checkpoint_every)
+    for cfg in (sft, grpo):
+        assert (cfg.domains, cfg.world_size, cfg.seed) == (params.domains, params.world_size, params.seed)
+    for k8s in (REPO / "configs" / "k8s").glob("*.yaml"):
+        command = yaml.safe_load(k8s.read_text())["job"]["command"]
+        if "workloads.train" in command:
+            config = command[command.index("--config") + 1]
+            assert load_config(REPO / config).mode == command[command.index("workloads.train") + 1], k8s.name
+
+
+def test_flow_stage_settings_are_the_trainer_settings_with_the_old_effective_values():
+    """The demo trains exactly as before: these are the values the hand-built dict produced."""
+    from tasks.training import stage_config
+
+    params = PostTrainingParams()
+    sft = stage_config("sft", params, "/base", "pt-x", Path("/w"))
+    grpo = stage_config("grpo", params, "/sft", "pt-x", Path("/w"))
+    assert isinstance(sft.stage, SFTSettings) and not isinstance(sft.stage, SFTStage) and grpo.stage == params.grpo
+    old_sft = dict(max_steps=150, learning_rate=3e-3, per_device_batch_size=16, checkpoint_every=75, max_length=128,
+                   lr_scheduler_type="constant", warmup_steps=0, weight_decay=0.0, save_total_limit=2)
+    old_grpo = dict(max_steps=40, learning_rate=3e-4, per_device_batch_size=8, checkpoint_every=20, num_generations=4,
+                    beta=0.0, max_completion_length=4, temperature=0.8, lr_scheduler_type="constant", warmup_steps=0)
+    for cfg, old in ((sft, old_sft), (grpo, old_grpo)):
+        assert {k: getattr(cfg.stage, k) for k in old} == old
+        assert (cfg.world_size, cfg.deepspeed, cfg.seed, cfg.mlflow_experiment) == (2, True, 0, "post_training")
+        assert cfg.output_dir == f"/w/{cfg.mode}" and cfg.run_name == f"pt-x-{cfg.mode}"
+    written = TrainConfig.model_validate(yaml.safe_load(yaml.safe_dump(grpo.to_yaml_dict())))
+    assert written == grpo and "sft" not in grpo.to_yaml_dict()
+
+
+def test_form_reaches_the_optimisation_knobs():
+    schema = PostTrainingParams.model_json_schema()
+    for stage in ("SFTStage", "GRPOSettings"):
+        props = schema["$defs"][stage]["properties"]
+        assert {"warmup_steps", "lr_scheduler_type", "weight_decay", "save_steps", "per_device_batch_size",
+                "timeout_s"} <= set(props), stage
+    assert "max_length" in schema["$defs"]["SFTStage"]["properties"]
+
+
+@pytest.mark.parametrize("fields, message", [
+    ({"grpo": {"per_device_batch_size": 3}}, r"per_device_batch_size x world_size \(3 x 2 = 6\) must be divisible"),
+    ({"world_size": 3, "grpo": {"per_device_batch_size": 6}}, r"\(6 x 3 = 18\) must be divisible by grpo.num_g"),
+    ({"mixing_weights": {"arithmetic": 0}}, "greater than 0"),
+    ({"mixing_weights": {"arithmetc": 2.0}}, r"mixing_weights name domains not selected .*: arithmetc"),
+    ({"sft": {"warmup_steps": -1}}, "greater than or equal to 0"),
+    ({"grpo": {"lr_scheduler_type": "cosyne"}}, "cosine"),
+])
+def test_invalid_combinations_fail_when_the_flow_parameters_are_validated(fields, message):
+    with pytest.raises(ValidationError, match=message):
+        PostTrainingParams.model_validate(fields)
+
+
+def test_params_and_training_files_share_one_loader_and_error_format(tmp_path):
+    params = tmp_path / "params.yaml"
+    params.write_text("grpo:\n  per_device_batch_size: 8\n  num_generations: 3\n")
+    with pytest.raises(TemperError) as e:
+        load_params(str(params))
+    assert str(e.value).startswith(f"{params}: field '<root>': ") and "divisible" in str(e.value)
+    params.write_text("sft:\n  batch_size: 8\n")  # the old name
+    with pytest.raises(TemperError, match=rf"^{params}: field 'sft.batch_size': Extra inputs are not permitted$"):
+        load_params(str(params))
+    params.write_text("sft: [1\n")
+    with pytest.raises(TemperError, match=rf"^{params}: line 2 malformed YAML"):
+        load_params(str(params))
+    train = tmp_path / "t.yaml"
+    train.write_text("mode: grpo\nrun_name: r\nbase_model: /m\noutput_dir: /o\ngrpo: {max_steps: 0}\n")
+    with pytest.raises(TrainingError, match=rf"^{train}: field 'grpo.max_steps': Input should be greater"):
+        load_config(train)
+    train.write_text("mode: sft\nrun_name: r\nbase_model: /m\noutput_dir: /o\ngrpo: {max_steps: 5}\n")
+    with pytest.raises(TrainingError, match="mode is 'sft' but the file has a 'grpo:' section"):
+        load_config(train)
+
+
+def test_max_steps_override_goes_to_the_stage():
+    cfg = load_config(REPO / "configs/train/grpo.yaml", max_steps=3)
+    assert cfg.stage.max_steps == 3 and cfg.grpo.num_generations == GRPOSettings().num_generations
+
+
+def test_train_with_a_config_of_the_other_mode_is_one_line_and_starts_nothing(tmp_path, capsys, temper_home):
+    from temper.cli import main
+
+    cfg = yaml.safe_load((REPO / "configs/train/sft.yaml").read_text())
+    cfg["output_dir"] = str(tmp_path / "out")
+    path = tmp_path / "sft.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    assert main(["train", "grpo", "--config", str(path)]) == 1
+    out, err = capsys.readouterr()
+    assert out == "" and err.count("\n") == 1
+    assert err.startswith(f"temper: error: {path}: an SFT config (mode: sft), but the command is `train grpo`")
+    assert not (tmp_path / "out").exists()  # no launch config, no log, no rank
+
+
+def test_train_with_a_missing_base_model_or_domain_is_one_line_before_launch(tmp_path, capsys, temper_home):
+    from temper.cli import main
+
+    cfg = yaml.safe_load((REPO / "configs/train/grpo.yaml").read_text())
+    cfg.update(output_dir=str(tmp_path / "out"), base_model=str(tmp_path / "nowhere"))
+    path = tmp_path / "grpo.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    assert main(["train", "grpo", "--config", str(path)]) == 1
+    assert capsys.readouterr().err == f"temper: error: base_model {tmp_path / 'nowhere'}: no config.json there " \
+                                      "(expected an HF model folder)\n"
+    (tmp_path / "m").mkdir()
+    (tmp_path / "m" / "config.json").write_text("{}")
+    cfg.update(base_model=str(tmp_path / "m"), domains=["arithmetc"])
+    path.write_text(yaml.safe_dump(cfg))
+    assert main(["train", "grpo", "--config", str(path)]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("temper: error: no domain matches arithmetc") and err.count("\n") == 1
+    assert not (tmp_path / "out").exists()
+
+
+def test_progress_line_is_one_compact_line():
+    from temper.training.progress import is_progress, progress_line
+
+    line = progress_line("grpo", 12, 40, {"loss": 0.021346, "reward": 0.4123, "tokens_per_s": 1890.0}, 60.0, 12)
+    assert line == "temper: grpo step 12/40 | loss 0.02135 | reward 0.412 | 1.9k tok/s | ETA 2:20"
+    resumed = progress_line("sft", 30, 40, {"loss": 1.0}, 10.0, 5)  # resumed at 25: 2 s/step since, 10 left
+    assert resumed.endswith("ETA 0:20") and is_progress(resumed)
+    assert progress_line("sft", 40, 40, {"loss": 1.0}, 10.0, 5) == "temper: sft step 40/40 | loss 1"
+    assert not is_progress("{'loss': '4.654', 'grad_norm': '4.874'}")
