@@ -22,14 +22,25 @@ def _domains(args):
 
 
 def generate(args) -> int:
-    from temper.datasets import generate_domain_dataset
+    from temper.datasets import DATASET_LISTENERS, generate_domain_dataset
 
-    for d in _domains(args):
-        if not d.dataset.generator:
-            print(f"skip {d.name}: no generator (brought dataset)")
-            continue
-        uri, digest, written = generate_domain_dataset(d, overwrite=args.overwrite)
-        print(f"{'wrote' if written else 'kept '} {d.name}: {uri} sha256={digest[:12]}")
+    changes = []
+    DATASET_LISTENERS.append(changes.append)
+    try:
+        for d in _domains(args):
+            if not d.dataset.generator:
+                print(f"skip {d.name}: no generator (brought dataset)")
+                continue
+            uri, digest, written = generate_domain_dataset(d, overwrite=args.overwrite)
+            print(f"{'wrote' if written else 'kept '} {d.name}: {uri} sha256={digest[:12]}")
+    finally:
+        DATASET_LISTENERS.remove(changes.append)
+    if changes:  # Prefect is imported only when there is something to announce (~1.3 s)
+        from tasks.events import DATASET_CHANGED, emit_dataset_changes
+
+        sent = emit_dataset_changes(changes)
+        if sent:
+            print(f"emitted {DATASET_CHANGED} for {', '.join(c.domain for c in changes)} (triggers `retrain`)")
     return 0
 
 
