@@ -119,8 +119,8 @@ def register(params: PostTrainingParams, model_dir: str, parent_run_id: str, eva
                                       "lifecycle_run": parent_run_id},
                               description=f"{params.model_name}, trained by temper's post_training flow "
                                           f"(lifecycle run {parent_run_id}); gate: {decision.reason}")
-    return register_version(params.model_name, logged.model_uri, run_id, eval_results=eval_results,
-                            decision=decision, alias=params.promotion.alias,
+    return register_version(params.model_name, logged.model_uri, run_id, model_id=logged.model_id,
+                            eval_results=eval_results, decision=decision, alias=params.promotion.alias,
                             fallback_alias=params.promotion.fallback_alias,
                             tags={lineage.TAG_BASE_MODEL: params.base_model, lineage.TAG_GIT: lineage.code_version(),
                                   "temper.lifecycle_run": parent_run_id, "temper.format": "mlflow-transformers"})
