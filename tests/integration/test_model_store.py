@@ -179,3 +179,20 @@ def test_temper_up_mlflow_server_serves_the_store_the_demo_wrote(registry, tmp_p
         assert out.stdout.strip().endswith("TextGenerationPipeline"), out.stderr[-2000:]
     finally:
         _stop(proc)
+
+
+def test_temper_train_register_as_writes_a_logged_model_too(registry):
+    import mlflow
+
+    from temper.training.export import log_and_register
+
+    from infra import lineage
+
+    lineage.use_experiment("train")  # as the training callback does: artifacts under TEMPER_HOME
+    with mlflow.start_run():
+        version = log_and_register(registry["model_dir"], "temper-train-test")
+    mv = mlflow.MlflowClient().get_model_version("temper-train-test", version)
+    assert mv.source.startswith("models:/m-") and mv.tags["temper.format"] == "mlflow-transformers"
+    pipe = mlflow.transformers.load_model(f"models:/temper-train-test/{version}")
+    assert pipe("3 + 4 = ", max_new_tokens=5, do_sample=False, return_full_text=False)[0]["generated_text"] \
+        == _greedy(registry["model_dir"], "3 + 4 = ", 5)
