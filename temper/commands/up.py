@@ -86,6 +86,9 @@ def up(args: argparse.Namespace) -> int:
         mlflow_url = settings.resolved_tracking_uri
     else:
         settings.resolved_artifact_root.mkdir(parents=True, exist_ok=True)
+        if (home / "mlflow-server.db").exists():  # what `temper up` served before there was one store
+            print(f"note: {home / 'mlflow-server.db'} (an older `temper up` store) is no longer served; "
+                  f"serving {settings.resolved_tracking_uri}", flush=True)
     procs: list[subprocess.Popen] = []
     try:
         procs.append(_start([str(bin_dir / "prefect"), "server", "start", "--host", args.host,

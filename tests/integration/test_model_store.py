@@ -109,8 +109,15 @@ def test_version_loads_as_a_transformers_pipeline_with_metrics_and_dataset(regis
     spec = Model.load(str(local))
     assert "transformers" in spec.flavors and "python_function" in spec.flavors
     assert {p.name for p in spec.signature.params} >= {"max_new_tokens", "do_sample"}
+    from temper.catalog import load_catalog
+    from temper.datasets import read_dataset
+    from temper.settings import get_settings
+
+    domain = load_catalog(get_settings().catalog_dir)["arithmetic"]
+    frame = read_dataset(domain)
+    first_eval = frame[frame[domain.split.column] == domain.split.eval].iloc[0].to_dict()
     example = spec.load_input_example(str(local))
-    assert "Answer with" in str(example) or "=" in str(example)  # an arithmetic eval prompt
+    assert list(example) == [domain.render_prompt(first_eval)]  # the first arithmetic eval prompt
 
 
 @pytest.mark.parametrize("layout", ["logged-model", "plain-artifacts"])
