@@ -12,114 +12,17 @@ the result. A reviewer who never answers fails the run after ``review_timeout_s`
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any
 
-from prefect import flow, get_run_logger, task
+from prefect import flow, get_run_logger
 from prefect.artifacts import create_markdown_artifact
-from prefect.flow_runs import pause_flow_run
 from prefect.runtime import flow_run
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from tasks.human_validation import calibrate, judge_domain, request_review, store_labels
 from temper.errors import TemperError
-from temper.judges.calibration import CalibrationPolicy
-from temper.judges.review import JudgedItem, ReviewError, ReviewInput, check_review, review_markdown
-from temper.judges.rubric import Rubric
+from temper.judges.review import HumanValidationParams, ReviewError
 
-
-class HumanValidationParams(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-    domains: list[str] | None = Field(default=None, description="Names or globs; None = every judge-family domain.")
-    items_per_domain: int = Field(default=20, ge=1, le=1000,
-                                  description="Judged items each reviewer session scores per domain.")
-    seed: int = Field(default=0, description="Seed of the item sample: same data + seed, same items.")
-    split: Literal["eval", "train", "all"] = Field(default="eval", description="Split the items are sampled from.")
-    response_column: str = Field(default="candidate",
-                                 description="Record column holding the response to judge and review.")
-    response_columns: dict[str, str] = Field(default_factory=dict,
-                                             description="Per-domain override of response_column.")
-    review_timeout_s: int = Field(default=86400, ge=1, description="How long one item waits for its reviewer.")
-    poll_interval_s: int = Field(default=10, ge=1, description="How often the paused flow checks for the review.")
-    calibrate: bool = Field(default=True, description="Log judge-human agreement to MLflow after the reviews.")
-    policy: CalibrationPolicy = Field(default_factory=CalibrationPolicy, description="Default calibration thresholds.")
-
-
-@task(task_run_name="judge-{domain_name}")
-def judge_domain(domain_name: str, params: HumanValidationParams) -> tuple[Rubric, list[JudgedItem], dict[str, str]]:
-    """Sample and judge one domain's items: (rubric, judged items, skipped item -> reason)."""
-    from temper.catalog import load_catalog
-    from temper.datasets import load_dataset
-    from temper.errors import DatasetError
-    from temper.judges import JudgeError
-    from temper.judges.review import sample_records
-    from temper.settings import get_settings
-    from temper.verifiers.registry import get_verifier
-
-    settings = get_settings()
-    domain = load_catalog(settings.catalog_dir)[domain_name]
-    verifier = get_verifier("judge", domain.verifier.params)
-    frame = load_dataset(domain, settings).frame
-    column = params.response_columns.get(domain_name, params.response_column)
-    if column not in frame:
-        raise DatasetError(f"domain {domain_name}: dataset has no response column {column!r} "
-                           f"(columns: {', '.join(map(str, frame.columns))})")
-    split = None if params.split == "all" else getattr(domain.split, params.split)
-    records = sample_records(frame, params.items_per_domain, params.seed, domain.split.column, split, domain_name)
-    items, skipped = [], {}
-    for rec in records:
-        item_id = str(rec.get("id", "?"))
-        try:
-            r = verifier.judge_record(rec, str(rec[column]))
-        except JudgeError as e:
-            skipped[item_id] = str(e)
-            continue
-        except KeyError as e:
-            skipped[item_id] = f"record has no column {e.args[0]!r}"
-            continue
-        reference = str(rec[verifier.config.reference_field]) if verifier.config.reference_field else None
-        items.append(JudgedItem(domain=domain_name, item_id=item_id,
-                                prompt=verifier.config.prompt_template.format(**rec), response=str(rec[column]),
-                                reference=reference, judge_score=r.score, judge_raw_score=r.raw_score,
-                                rationale=r.rationale, digest=r.digest, judge_id=r.judge_id,
-                                rubric_digest=r.rubric_digest))
-    return verifier.rubric, items, skipped
-
-
-@task(task_run_name="labels-{domain_name}")
-def store_labels(domain_name: str, records: list[dict[str, Any]]) -> tuple[str, str, Any]:
-    from temper.judges.labels import write_labels
-
-    return write_labels(domain_name, records)
-
-
-@task(task_run_name="calibrate-{domain_name}")
-def calibrate(domain_name: str, rubric: Rubric, frame: Any, uri: str, sha256: str,
-              policy: CalibrationPolicy) -> dict[str, Any]:
-    from temper.catalog import load_catalog
-    from temper.judges.calibration import agreement, log_calibration
-    from temper.settings import get_settings
-    from temper.verifiers.families.judge import parse_params
-
-    domain = load_catalog(get_settings().catalog_dir)[domain_name]
-    params, _ = parse_params(domain.verifier.params)
-    effective = policy.merged(rubric.calibration, params.calibration)
-    a = agreement(frame["judge_score"].tolist(), frame["human_score"].tolist(), rubric.scale)
-    judge_ids = sorted(set(frame["judge_id"]))
-    result = log_calibration(domain_name, a, effective, rubric_digest=rubric.digest, judge_id=judge_ids[0],
-                             labels=frame, labels_uri=uri, labels_sha256=sha256)
-    return result.to_dict()
-
-
-def request_review(item: JudgedItem, rubric: Rubric, position: str, params: HumanValidationParams) -> tuple[int, str]:
-    """Pause until a reviewer scores ``item`` in the UI; ReviewError when the input is unusable."""
-    form = ReviewInput.for_item(rubric, review_markdown(item, rubric, position))
-    try:
-        review = pause_flow_run(wait_for_input=form, timeout=params.review_timeout_s,
-                                poll_interval=params.poll_interval_s, key=f"review-{item.domain}-{item.item_id}")
-    except ValidationError as e:
-        raise ReviewError(f"item {item.domain}/{item.item_id}: review input rejected: "
-                          f"{e.errors()[0]['loc']}: {e.errors()[0]['msg']}") from None
-    return check_review(review, item, rubric)
+__all__ = ["HumanValidationParams", "human_validation"]
 
 
 def _summary_markdown(result: dict[str, Any]) -> str:

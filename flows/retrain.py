@@ -1,6 +1,11 @@
-"""retrain (scheduled): run post_training only when a dataset changed since the champion.
+"""retrain: run post_training only when a dataset changed since the latest version was trained.
 
-Digests decide, not timestamps: a regenerated but identical dataset triggers nothing.
+    resolve domains (digests) -> latest version of the model (any alias) and its training
+    digests -> nothing changed: done | something changed: post_training (gate vs the champion)
+
+Digests decide, not timestamps: a regenerated but identical dataset triggers nothing. Runs
+nightly (cron) and on every `temper.dataset.changed` event (prefect.yaml); the deployment's
+concurrency limit of 1 queues the runs, so a burst of events trains once.
 """
 
 from __future__ import annotations
@@ -13,12 +18,12 @@ from temper.lifecycle import RetrainParams
 
 
 @task(retries=3, retry_delay_seconds=[2, 5, 15])
-def trained_digests(model_name: str, alias: str) -> dict[str, str] | None:
+def latest_trained(model_name: str) -> tuple[str | None, dict[str, str] | None]:
     from infra import lineage
-    from temper.retraining import champion_digests
+    from temper.retraining import latest_trained
 
     lineage.configure()
-    return champion_digests(model_name, alias)
+    return latest_trained(model_name)
 
 
 @flow(name="retrain", log_prints=True)
@@ -28,10 +33,12 @@ def retrain(params: RetrainParams = RetrainParams()) -> dict:
     logger = get_run_logger()
     pt = params.post_training
     current = {r.name: r.digest for r in resolve_domains(pt.domains)}
-    changed = changed_domains(trained_digests(pt.model_name, pt.promotion.alias), current)
+    version, trained = latest_trained(pt.model_name)
+    changed = changed_domains(trained, current)
     if not changed and not params.force:
-        logger.info("no dataset changed since %s@%s: nothing to do", pt.model_name, pt.promotion.alias)
-        return {"ran": False, "changed": []}
-    logger.info("retraining %s: %s", pt.model_name, ", ".join(changed) if changed else "forced")
+        logger.info("no dataset changed since %s version %s: nothing to do", pt.model_name, version)
+        return {"ran": False, "changed": [], "latest_version": version}
+    logger.info("retraining %s (latest version %s): %s", pt.model_name, version,
+                ", ".join(changed) if changed else "forced")
     result = post_training(pt)
-    return {"ran": True, "changed": changed, "registered": result["registered"]}
+    return {"ran": True, "changed": changed, "latest_version": version, "registered": result["registered"]}

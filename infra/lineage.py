@@ -232,7 +232,7 @@ def use_experiment(experiment: str, settings: Settings | None = None) -> Any:
 
     settings = settings or get_settings()
     if settings.resolved_tracking_uri.startswith("sqlite:") and mlflow.get_experiment_by_name(experiment) is None:
-        location = (settings.home / "artifacts" / experiment).resolve().as_uri()
+        location = (settings.resolved_artifact_root / experiment).as_uri()
         try:
             mlflow.create_experiment(experiment, artifact_location=location)
         except mlflow.exceptions.MlflowException:

@@ -60,13 +60,13 @@ def evaluate(model_dir: str, domains: list[str], settings: EvalSettings, label: 
 
 @task(retries=3, retry_delay_seconds=[2, 5, 15], task_run_name="fetch-{model_name}-{version}")
 def fetch_model(model_name: str, version: str) -> dict:
-    """A registered version (number or alias) downloaded to a local folder the eval jobs can read."""
-    from mlflow.artifacts import download_artifacts
+    """A registered version (number or alias) as a local HF folder the eval jobs can read (either layout)."""
     from mlflow.exceptions import MlflowException
     from mlflow.tracking import MlflowClient
 
     from infra import lineage
     from temper.errors import TrackingError
+    from temper.model_store import hf_folder
     from temper.settings import get_settings
 
     lineage.configure()
@@ -76,10 +76,7 @@ def fetch_model(model_name: str, version: str) -> dict:
               else client.get_model_version_by_alias(model_name, version))
     except MlflowException as e:
         raise TrackingError(f"no model version {model_name}@{version}: {e.message.splitlines()[0]}") from None
-    target = get_settings().home.resolve() / "cache" / "registry" / model_name / mv.version
-    if not (target / "config.json").exists():
-        download_artifacts(artifact_uri=mv.source, dst_path=str(target.parent / f"{mv.version}.partial"))
-        (target.parent / f"{mv.version}.partial" / "model").rename(target)
+    target = hf_folder(mv.source, get_settings().home.resolve() / "cache" / "registry" / model_name / str(mv.version))
     trained = sorted({k.split(".")[2] for k in mv.tags if k.startswith("temper.eval.") and k.endswith(".mean_reward")})
     return {"version": mv.version, "model_dir": str(target), "run_id": mv.run_id, "evaluated_domains": trained}
 

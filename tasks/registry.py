@@ -61,26 +61,66 @@ def gate(candidate: dict[str, float], champion_means: dict[str, float] | None, p
     return decide(candidate, champion_means, policy)
 
 
+def _eval_metrics(eval_results: dict[str, dict]) -> list:
+    """Each domain's eval numbers with the dataset they were measured on (read from its eval run)."""
+    from mlflow.tracking import MlflowClient
+
+    from infra import lineage
+    from temper.model_store import EvalMetrics
+
+    client, out = MlflowClient(), []
+    for d, r in eval_results.items():
+        uri = sha = None
+        if r.get("run_id"):
+            run = client.get_run(r["run_id"])
+            uri, sha = run.data.params.get("dataset_uri"), run.data.tags.get(lineage.TAG_SHA256)
+        out.append(EvalMetrics(domain=d, metrics={f"eval.{d}.mean_reward": r["mean_reward"],
+                                                  f"eval.{d}.pass_rate": r["pass_rate"]},
+                               dataset_uri=uri, dataset_sha256=sha))
+    return out
+
+
+def _example_prompt(domains: list[str]) -> str:
+    """The first eval prompt of the first domain: the logged model's input example."""
+    from temper.catalog import load_catalog
+    from temper.datasets import load_dataset
+    from temper.errors import TemperError
+    from temper.model_store import DEFAULT_EXAMPLE
+    from temper.settings import get_settings
+
+    try:
+        domain = load_catalog(get_settings().catalog_dir)[domains[0]]
+        frame = load_dataset(domain).frame
+        rows = frame[frame[domain.split.column] == domain.split.eval]
+        return domain.render_prompt(rows.iloc[0].to_dict()) if len(rows) else DEFAULT_EXAMPLE
+    except (TemperError, KeyError, IndexError):
+        return DEFAULT_EXAMPLE
+
+
 @task(**_MLFLOW_RETRY)
 def register(params: PostTrainingParams, model_dir: str, parent_run_id: str, eval_results: dict[str, dict],
              decision: GateDecision) -> dict:
-    """A 'register' stage run holding the model files, then the version with metrics and alias."""
+    """A 'register' stage run holding the logged model (transformers flavour), then the version and alias."""
     import mlflow
 
     from infra import lineage
+    from temper.model_store import log_hf_model
     from temper.registry import register_version
 
     lineage.configure()
+    config_hash = lineage.config_hash(params)
     run_id = lineage.open_run("post_training", "register", parent_run_id=parent_run_id,
                               tags={lineage.TAG_KIND: "stage", lineage.TAG_STAGE: "register",
-                                    lineage.TAG_BASE_MODEL: params.base_model,
-                                    lineage.TAG_CONFIG_HASH: lineage.config_hash(params)})
-    with mlflow.start_run(run_id=run_id) as run:
-        mlflow.log_artifacts(model_dir, "model")
-        for d, r in eval_results.items():
-            mlflow.log_metrics({f"eval.{d}.mean_reward": r["mean_reward"], f"eval.{d}.pass_rate": r["pass_rate"]})
-        source = f"{run.info.artifact_uri.rstrip('/')}/model"
-    return register_version(params.model_name, source, run_id, eval_results=eval_results, decision=decision,
-                            alias=params.promotion.alias, fallback_alias=params.promotion.fallback_alias,
+                                    lineage.TAG_BASE_MODEL: params.base_model, lineage.TAG_CONFIG_HASH: config_hash})
+    with mlflow.start_run(run_id=run_id):
+        logged = log_hf_model(model_dir, example_prompt=_example_prompt(list(eval_results) or params.domains),
+                              max_new_tokens=params.eval.max_new_tokens, evals=_eval_metrics(eval_results),
+                              params={"base_model": params.base_model, "config_hash": config_hash,
+                                      "lifecycle_run": parent_run_id},
+                              description=f"{params.model_name}, trained by temper's post_training flow "
+                                          f"(lifecycle run {parent_run_id}); gate: {decision.reason}")
+    return register_version(params.model_name, logged.model_uri, run_id, model_id=logged.model_id,
+                            eval_results=eval_results, decision=decision, alias=params.promotion.alias,
+                            fallback_alias=params.promotion.fallback_alias,
                             tags={lineage.TAG_BASE_MODEL: params.base_model, lineage.TAG_GIT: lineage.code_version(),
-                                  "temper.lifecycle_run": parent_run_id})
+                                  "temper.lifecycle_run": parent_run_id, "temper.format": "mlflow-transformers"})

@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import io
 import json
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import pandas as pd
@@ -26,6 +27,21 @@ class LoadedDataset:
     uri: str
     digest: str
     frame: pd.DataFrame
+
+
+@dataclass(frozen=True)
+class DatasetChange:
+    """A write that changed a domain's data: ``previous`` is None when there was no file."""
+
+    domain: str
+    uri: str
+    previous: str | None
+    sha256: str
+
+
+# Called after every dataset write that changed a digest. The library knows no orchestrator:
+# entry points that want an event (tasks/events.py: a Prefect event that triggers retrain) add one.
+DATASET_LISTENERS: list[Callable[[DatasetChange], None]] = []
 
 
 def _read_bytes(uri: str, settings: Settings) -> bytes:
@@ -102,13 +118,29 @@ def serialize_dataset(frame: pd.DataFrame, fmt: str) -> bytes:
     return buf.getvalue()
 
 
+def write_dataset(domain: Domain, frame: pd.DataFrame, settings: Settings | None = None) -> tuple[str, str]:
+    """Write a domain's dataset to the store; returns (uri, sha256). A changed digest is announced."""
+    from infra.storage import exists, write_bytes_atomic
+
+    settings = settings or get_settings()
+    uri = domain.dataset_uri(settings.resolved_storage_root)
+    previous = dataset_digest(domain, settings) if exists(uri, settings) else None
+    data = serialize_dataset(frame, domain.dataset.format)
+    write_bytes_atomic(uri, data, settings)
+    digest = hashlib.sha256(data).hexdigest()
+    if digest != previous:
+        for listener in DATASET_LISTENERS:
+            listener(DatasetChange(domain.name, uri, previous, digest))
+    return uri, digest
+
+
 def generate_domain_dataset(domain: Domain, settings: Settings | None = None, overwrite: bool = False) -> tuple[str, str, bool]:
     """Write a starter domain's dataset to the store; returns (uri, digest, written).
 
     An existing file is kept unless ``overwrite``: generation is deterministic, so
     rewriting only matters after the generator or its parameters changed.
     """
-    from infra.storage import exists, write_bytes_atomic
+    from infra.storage import exists
     from temper.generators import generate
 
     settings = settings or get_settings()
@@ -119,6 +151,5 @@ def generate_domain_dataset(domain: Domain, settings: Settings | None = None, ov
         return uri, dataset_digest(domain, settings), False
     frame = generate(domain.dataset.generator, domain.dataset.rows, domain.dataset.seed,
                      domain.split.eval_fraction, domain.dataset.generator_params)
-    data = serialize_dataset(frame, domain.dataset.format)
-    write_bytes_atomic(uri, data, settings)
-    return uri, hashlib.sha256(data).hexdigest(), True
+    uri, digest = write_dataset(domain, frame, settings)
+    return uri, digest, True

@@ -82,7 +82,7 @@ class RetrainParams(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     post_training: PostTrainingParams = Field(default_factory=PostTrainingParams)
-    force: bool = Field(default=False, description="Run even when no dataset changed since the champion.")
+    force: bool = Field(default=False, description="Run even when no dataset changed since the latest version was trained.")
 
 
 def load_params(path: str) -> PostTrainingParams:

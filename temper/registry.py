@@ -61,12 +61,16 @@ def ensure_registered_model(client: Any, model_name: str) -> None:
 
 
 def register_version(model_name: str, source: str, run_id: str, *, eval_results: dict[str, dict[str, Any]],
-                     decision: GateDecision, alias: str, fallback_alias: str, tags: dict[str, str]) -> dict[str, Any]:
-    """Create the version, tag it with eval metrics and the gate decision, set the right alias."""
+                     decision: GateDecision, alias: str, fallback_alias: str, tags: dict[str, str],
+                     model_id: str | None = None) -> dict[str, Any]:
+    """Create the version, tag it with eval metrics and the gate decision, set the right alias.
+
+    ``model_id``: the logged model behind a ``models:/<model_id>`` source (a tracking server requires it).
+    """
     client = _client()
     ensure_registered_model(client, model_name)
     mv = client.create_model_version(
-        name=model_name, source=source, run_id=run_id,
+        name=model_name, source=source, run_id=run_id, model_id=model_id,
         tags={**tags, **eval_tags(eval_results), "temper.gate.passed": str(decision.passed).lower(),
               "temper.gate.reason": decision.reason, "temper.gate.deltas": json.dumps(decision.deltas)})
     from temper.registry_ops import record_flow_alias  # registry_ops builds on this module

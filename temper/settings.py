@@ -2,6 +2,8 @@
 
 The embedded default needs no configuration at all: MLflow in a sqlite file and the
 store under ``./.temper``, Prefect's ephemeral API, local processes for every workload.
+The embedded MLflow store is one sqlite file plus one artifact root: `temper demo` writes them
+directly and `temper up` serves the same two, so whichever command ran first, the other sees it.
 Every other module reads its connection details from here and nowhere else.
 """
 
@@ -24,7 +26,7 @@ class Settings(BaseSettings):
     )
     tracking_uri: str | None = Field(
         default=None,
-        description="MLflow tracking URI. None means sqlite:///<home>/mlflow.db (embedded).",
+        description="MLflow tracking URI. None means sqlite:///<home>/mlflow.db (embedded; `temper up` serves it).",
     )
     storage_root: str | None = Field(
         default=None,
@@ -64,6 +66,11 @@ class Settings(BaseSettings):
         if self.tracking_uri:
             return self.tracking_uri
         return f"sqlite:///{(self.home / 'mlflow.db').resolve()}"
+
+    @property
+    def resolved_artifact_root(self) -> Path:
+        """Where the embedded store keeps artifacts: one folder per experiment, for writers and the server alike."""
+        return (self.home / "artifacts").resolve()
 
     @property
     def resolved_storage_root(self) -> str:

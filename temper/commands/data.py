@@ -31,14 +31,25 @@ def _bar(items: list, desc: str):
 def generate(args) -> int:
     from tqdm import tqdm
 
-    from temper.datasets import generate_domain_dataset
+    from temper.datasets import DATASET_LISTENERS, generate_domain_dataset
 
-    for d in _bar(_domains(args), "generate"):
-        if not d.dataset.generator:
-            tqdm.write(f"skip {d.name}: no generator (brought dataset)")
-            continue
-        uri, digest, written = generate_domain_dataset(d, overwrite=args.overwrite)
-        tqdm.write(f"{'wrote' if written else 'kept '} {d.name}: {uri} sha256={digest[:12]}")
+    changes = []
+    DATASET_LISTENERS.append(changes.append)
+    try:
+        for d in _bar(_domains(args), "generate"):
+            if not d.dataset.generator:
+                tqdm.write(f"skip {d.name}: no generator (brought dataset)")
+                continue
+            uri, digest, written = generate_domain_dataset(d, overwrite=args.overwrite)
+            tqdm.write(f"{'wrote' if written else 'kept '} {d.name}: {uri} sha256={digest[:12]}")
+    finally:
+        DATASET_LISTENERS.remove(changes.append)
+    if changes:  # Prefect is imported only when there is something to announce (~1.3 s)
+        from tasks.events import DATASET_CHANGED, emit_dataset_changes
+
+        sent = emit_dataset_changes(changes)
+        if sent:
+            print(f"emitted {DATASET_CHANGED} for {', '.join(c.domain for c in changes)} (triggers `retrain`)")
     return 0
 
 

@@ -49,8 +49,10 @@ def demo(args: argparse.Namespace) -> int:
     print("\n" + result["report"])
     reg = result["registered"]
     print(f"\n[demo] registered {reg['name']} version {reg['version']} as @{reg['alias']}")
-    print(f"[demo] open the MLflow UI on it: .venv/bin/mlflow ui --backend-store-uri {uri} --port 5000\n"
-          f"       then Models -> {reg['name']} -> Version {reg['version']}")
+    print(f"[demo] see it in the MLflow UI: temper up (serves this store), then http://127.0.0.1:5000 -> Models -> "
+          f"{reg['name']} -> Version {reg['version']}\n"
+          f"[demo] load it: mlflow.transformers.load_model('models:/{reg['name']}@{reg['alias']}'); serve it: "
+          f"MLFLOW_TRACKING_URI={uri} mlflow models serve --env-manager local -m models:/{reg['name']}@{reg['alias']}")
     return 0
 
 

@@ -1,11 +1,14 @@
 """`temper up`: a local Prefect server, a local MLflow server, and every deployment served.
 
-    Prefect UI  http://127.0.0.1:4200   (post-training and evaluate: run from the UI form;
-                                         retrain-nightly: cron)
+    Prefect UI  http://127.0.0.1:4200   (post-training, evaluate, human-validation ...: run from
+                                         the UI form; retrain: cron and dataset-change trigger)
     MLflow UI   http://127.0.0.1:5000
 
-Both servers keep their state under TEMPER_HOME, so `temper up` again finds the same runs
-and models. Ctrl-C stops the deployments and both servers (their whole process groups).
+Both servers keep their state under TEMPER_HOME. The MLflow server serves the embedded store
+itself (the sqlite file and artifact folder `temper demo` writes), so models a demo registered
+are in the UI, and runs made under `temper up` are there for the next demo. A TEMPER_TRACKING_URI
+pointing at a server is used as is (no local MLflow server). Ctrl-C stops the deployments and
+both servers (their whole process groups).
 """
 
 from __future__ import annotations
@@ -52,6 +55,20 @@ def _stop(proc: subprocess.Popen) -> None:
             pass
 
 
+def mlflow_server_argv(settings, host: str, port: int) -> list[str] | None:
+    """The `mlflow server` serving the embedded store (same sqlite, same artifact root); None for a remote URI.
+
+    Artifacts are not proxied: writers through this server and `temper demo` writing sqlite
+    directly both put files under ``settings.resolved_artifact_root``, one folder per experiment.
+    """
+    uri = settings.resolved_tracking_uri
+    if uri.startswith(("http://", "https://")):
+        return None
+    return [str(Path(sys.executable).parent / "mlflow"), "server", "--host", host, "--port", str(port),
+            "--workers", "1", "--backend-store-uri", uri,
+            "--default-artifact-root", settings.resolved_artifact_root.as_uri(), "--no-serve-artifacts"]
+
+
 def up(args: argparse.Namespace) -> int:
     from temper.settings import get_settings
 
@@ -64,22 +81,29 @@ def up(args: argparse.Namespace) -> int:
     mlflow_url = f"http://{args.host}:{args.mlflow_port}"
     env = {**os.environ, "PREFECT_HOME": str(home / "prefect"), "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
            "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}
+    mlflow_argv = mlflow_server_argv(settings, args.host, args.mlflow_port)
+    if mlflow_argv is None:
+        mlflow_url = settings.resolved_tracking_uri
+    else:
+        settings.resolved_artifact_root.mkdir(parents=True, exist_ok=True)
+        if (home / "mlflow-server.db").exists():  # what `temper up` served before there was one store
+            print(f"note: {home / 'mlflow-server.db'} (an older `temper up` store) is no longer served; "
+                  f"serving {settings.resolved_tracking_uri}", flush=True)
     procs: list[subprocess.Popen] = []
     try:
         procs.append(_start([str(bin_dir / "prefect"), "server", "start", "--host", args.host,
                              "--port", str(args.prefect_port)], logs / "prefect.log", env))
-        procs.append(_start([str(bin_dir / "mlflow"), "server", "--host", args.host, "--port", str(args.mlflow_port),
-                             "--workers", "1", "--backend-store-uri", f"sqlite:///{home / 'mlflow-server.db'}",
-                             "--artifacts-destination", str(home / "mlflow-artifacts"), "--serve-artifacts"],
-                            logs / "mlflow.log", env))
+        if mlflow_argv:
+            procs.append(_start(mlflow_argv, logs / "mlflow.log", env))
         _wait_healthy(prefect_url + "/api/health", procs[0], logs / "prefect.log")
-        _wait_healthy(mlflow_url + "/health", procs[1], logs / "mlflow.log")
+        if mlflow_argv:
+            _wait_healthy(mlflow_url + "/health", procs[1], logs / "mlflow.log")
         os.environ.update({"PREFECT_API_URL": prefect_url + "/api", "TEMPER_TRACKING_URI": mlflow_url,
                            "PREFECT_HOME": env["PREFECT_HOME"]})
         get_settings.cache_clear()
         from prefect import serve
 
-        from temper.deployments import read_entries, servable
+        from flows.deployments import read_entries, servable
 
         deployments = servable(read_entries())
         print(f"Prefect UI: {prefect_url}\nMLflow UI:  {mlflow_url}\n"

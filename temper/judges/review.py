@@ -1,23 +1,23 @@
-"""The human side of calibration: sampling judged items and the Prefect UI form a reviewer fills in.
+"""The human side of calibration: the session's parameters, sampling judged items, what a reviewer sees.
 
-Reviewers are blind to the judge: the form shows the rubric, the task and the response,
+Reviewers are blind to the judge: the item shows the rubric, the task and the response,
 never the judge's score or rationale, so a label measures the response and not the judge.
-The form's ``score`` field carries the rubric's bounds, so the Prefect UI (and the API's
-resume validation) reject an out-of-range score before the flow sees it; ``check_review``
-repeats the check in the flow, so an input that slips past is skipped and counted.
+The Prefect form itself (``ReviewInput``) lives in ``tasks/human_validation.py``, with the
+orchestrator; its ``score`` field carries the rubric's bounds, and ``check_review`` repeats the
+check in the flow, so an input that slips past is skipped and counted.
 """
 
 from __future__ import annotations
 
 import random
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import Any, Literal
 
 import pandas as pd
-from prefect.input import RunInput
-from pydantic import Field, create_model
+from pydantic import BaseModel, ConfigDict, Field
 
 from temper.errors import TemperError
+from temper.judges.calibration import CalibrationPolicy
 from temper.judges.rubric import Rubric
 
 
@@ -25,20 +25,24 @@ class ReviewError(TemperError):
     """A reviewer's input cannot be used as a label (out of range, missing)."""
 
 
-class ReviewInput(RunInput):
-    """What a reviewer enters for one item in the Prefect UI."""
+class HumanValidationParams(BaseModel):
+    """The parameters of one review session: the human_validation flow's form in the Prefect UI."""
 
-    score: int = Field(description="Your score for the response on the rubric scale.")
-    comment: str | None = Field(default=None, description="Optional: why, or what is wrong with the item.")
+    model_config = ConfigDict(extra="forbid")
 
-    @classmethod
-    def for_item(cls, rubric: Rubric, description: str) -> type["ReviewInput"]:
-        """The form for one item: score bounded to the rubric's scale, the item shown as markdown."""
-        s = rubric.scale
-        model = create_model("ReviewInput", __base__=cls, score=(int, Field(
-            ge=s.min, le=s.max, description=f"Your score, {s.min} (worst) to {s.max} (best), per the rubric above.")))
-        model._description = description
-        return model
+    domains: list[str] | None = Field(default=None, description="Names or globs; None = every judge-family domain.")
+    items_per_domain: int = Field(default=20, ge=1, le=1000,
+                                  description="Judged items each reviewer session scores per domain.")
+    seed: int = Field(default=0, description="Seed of the item sample: same data + seed, same items.")
+    split: Literal["eval", "train", "all"] = Field(default="eval", description="Split the items are sampled from.")
+    response_column: str = Field(default="candidate",
+                                 description="Record column holding the response to judge and review.")
+    response_columns: dict[str, str] = Field(default_factory=dict,
+                                             description="Per-domain override of response_column.")
+    review_timeout_s: int = Field(default=86400, ge=1, description="How long one item waits for its reviewer.")
+    poll_interval_s: int = Field(default=10, ge=1, description="How often the paused flow checks for the review.")
+    calibrate: bool = Field(default=True, description="Log judge-human agreement to MLflow after the reviews.")
+    policy: CalibrationPolicy = Field(default_factory=CalibrationPolicy, description="Default calibration thresholds.")
 
 
 @dataclass(frozen=True)

@@ -61,14 +61,15 @@ def reward_curve_png(metrics_jsonl: str | Path, out_png: str | Path) -> Path | N
     return Path(out_png)
 
 
-def log_and_register(model_dir: str | Path, name: str, artifact_path: str = "model") -> str:
-    """Log the HF folder as artifacts of the active MLflow run and register a model version.
+def log_and_register(model_dir: str | Path, name: str) -> str:
+    """Log the HF folder as a `transformers` logged model of the active MLflow run and register a version.
 
     Returns the new version number. Call on rank 0 only, inside an active run.
     """
     import mlflow
     from mlflow.tracking import MlflowClient
 
+    from temper.model_store import log_hf_model
     from temper.registry import ensure_registered_model
 
     run = mlflow.active_run()
@@ -77,12 +78,11 @@ def log_and_register(model_dir: str | Path, name: str, artifact_path: str = "mod
     model_dir = Path(model_dir)
     if not (model_dir / "config.json").exists():
         raise TrainingError(f"{model_dir}: not an HF model folder (no config.json)")
-    mlflow.log_artifacts(str(model_dir), artifact_path=artifact_path)
+    logged = log_hf_model(model_dir, description=f"{name}, trained by `temper train` (run {run.info.run_id})")
     client = MlflowClient()
     ensure_registered_model(client, name)
-    source = f"{run.info.artifact_uri.rstrip('/')}/{artifact_path}"
-    mv = client.create_model_version(name=name, source=source, run_id=run.info.run_id,
-                                     tags={"temper.format": "hf-safetensors"})
+    mv = client.create_model_version(name=name, source=logged.model_uri, run_id=run.info.run_id,
+                                     model_id=logged.model_id, tags={"temper.format": "mlflow-transformers"})
     return str(mv.version)
 
 

@@ -20,7 +20,7 @@ NAME = "post-training"
 def main(argv: list[str]) -> int:
     from prefect import serve
 
-    from temper.deployments import load_flow, read_entries
+    from flows.deployments import load_flow, read_entries
     from temper.lifecycle import PostTrainingParams
 
     params = PostTrainingParams.model_validate(json.loads(argv[0]) if argv else {})

@@ -156,7 +156,8 @@ def _item():
 def test_review_form_is_bounded_by_the_rubric_and_blind_to_the_judge():
     from pydantic import ValidationError
 
-    from temper.judges.review import ReviewError, ReviewInput, check_review, review_markdown
+    from tasks.human_validation import ReviewInput
+    from temper.judges.review import ReviewError, check_review, review_markdown
 
     rubric = Rubric.model_validate({**RUBRIC, "scale": {"min": 0, "max": 3}})
     md = review_markdown(_item(), rubric, "1/4")

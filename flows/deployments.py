@@ -1,8 +1,10 @@
 """The deployments in prefect.yaml as Prefect objects, for `temper up` (serve) and tests.
 
 prefect.yaml stays the one list of deployments: `prefect deploy` reads it for work pools,
-and this module reads the same entries (entrypoint, name, schedules, parameters) to serve
-them from one process. Work-pool-only entries (kubernetes) are skipped when serving.
+and this module reads the same entries (entrypoint, name, schedules, triggers, concurrency
+limit, parameters) to serve them from one process, so a served deployment starts on the same
+crons and the same events as a deployed one. Work-pool-only entries (kubernetes) are skipped
+when serving.
 """
 
 from __future__ import annotations
@@ -12,11 +14,14 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+from prefect.events import DeploymentTriggerTypes
+from pydantic import TypeAdapter, ValidationError
 
-from temper.errors import TemperError
+from temper.errors import TemperError, describe_validation_error
 
 REPO = Path(__file__).resolve().parent.parent
 PREFECT_YAML = REPO / "prefect.yaml"
+_TRIGGERS = TypeAdapter(list[DeploymentTriggerTypes])
 
 
 @dataclass
@@ -28,6 +33,8 @@ class DeploymentEntry:
     crons: list[str] = field(default_factory=list)
     parameters: dict[str, Any] = field(default_factory=dict)
     work_pool: str | None = None
+    triggers: list[Any] = field(default_factory=list)
+    concurrency_limit: Any = None
 
 
 def read_entries(path: Path = PREFECT_YAML) -> list[DeploymentEntry]:
@@ -40,10 +47,15 @@ def read_entries(path: Path = PREFECT_YAML) -> list[DeploymentEntry]:
         missing = [k for k in ("name", "entrypoint") if not d.get(k)]
         if missing:
             raise TemperError(f"{path}: deployments[{i}] lacks {', '.join(missing)}")
+        try:
+            triggers = _TRIGGERS.validate_python(d.get("triggers") or [])
+        except ValidationError as e:
+            raise TemperError(describe_validation_error(f"{path}: deployment {d['name']!r} triggers", e)) from None
         entries.append(DeploymentEntry(
             name=d["name"], entrypoint=d["entrypoint"], description=d.get("description", ""), tags=d.get("tags", []),
             crons=[s["cron"] for s in d.get("schedules") or [] if "cron" in s], parameters=d.get("parameters") or {},
-            work_pool=(d.get("work_pool") or {}).get("name")))
+            work_pool=(d.get("work_pool") or {}).get("name"), triggers=triggers,
+            concurrency_limit=d.get("concurrency_limit")))
     return entries
 
 
@@ -56,10 +68,15 @@ def load_flow(entrypoint: str):
 
 def servable(entries: list[DeploymentEntry], skip_pools: tuple[str, ...] = ("temper-kubernetes",)) -> list[Any]:
     """RunnerDeployments for ``serve``: what a local process can run."""
+    from prefect.client.schemas.objects import ConcurrencyLimitConfig
+
     out = []
     for e in entries:
         if e.work_pool in skip_pools:
             continue
+        limit = e.concurrency_limit
         out.append(load_flow(e.entrypoint).to_deployment(
-            name=e.name, description=e.description, tags=e.tags, cron=e.crons or None, parameters=e.parameters))
+            name=e.name, description=e.description, tags=e.tags, cron=e.crons or None, parameters=e.parameters,
+            triggers=e.triggers or None,
+            concurrency_limit=ConcurrencyLimitConfig(**limit) if isinstance(limit, dict) else limit))
     return out
