@@ -17,6 +17,7 @@ class DomainRef:
     name: str
     digest: str | None  # None: dataset missing (validation reports it)
     contract_hash: str
+    role: str = "both"  # the domain's catalog role: eval-only domains are validated and evaluated, never trained
 
 
 def _validation_cache_key(_ctx: TaskRunContext, params: dict) -> str:
@@ -44,7 +45,7 @@ def resolve_domains(patterns: list[str] | None, catalog_dir: str | None = None) 
         except DatasetError:
             digest = None
         c = contracts.get(d.contract)
-        refs.append(DomainRef(d.name, digest, config_hash(c) if c else "missing"))
+        refs.append(DomainRef(d.name, digest, config_hash(c) if c else "missing", d.role))
     return refs
 
 

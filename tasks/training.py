@@ -47,6 +47,14 @@ def training_config(stage: str, params: PostTrainingParams, base_model: str, run
     return cfg
 
 
+def refuse_eval_only_domains(patterns: list[str]) -> None:
+    """Fail before any job starts when the training domains include an eval-only (held-out) domain."""
+    from temper.catalog import load_catalog, refuse_eval_only, select_domains
+    from temper.settings import get_settings
+
+    refuse_eval_only(select_domains(load_catalog(get_settings().catalog_dir), patterns), "training stage")
+
+
 def is_progress(line: str) -> bool:
     """Lines worth showing at INFO: Trainer metric dicts and temper's own messages."""
     return line.startswith(("{'loss'", "{'train_runtime'", "temper:", "launcher:"))
@@ -60,6 +68,7 @@ def train_stage(stage: str, params: PostTrainingParams, base_model: str, run_key
     from temper.settings import get_settings
     from temper.training.job import training_job
 
+    refuse_eval_only_domains(params.domains)
     if params.backend == "kubernetes":
         raise TemperError("backend 'kubernetes' for training: submit through infra.k8s (see docs/kubernetes.md)")
     logger = get_run_logger()

@@ -41,8 +41,10 @@ def test_partial_credit_counts_asserts():
            "test": "def check(candidate):\n    assert candidate(0) == 1\n    assert candidate(1) == 2\n"
                    "    assert candidate(-1) == 0\n    assert candidate(5) == 7\n"}
     body = "    return x + 1 if x < 3 else x\n"
-    assert get_verifier("code_tests").score(rec, body).reward == 0.75
-    assert get_verifier("code_tests", {"partial": False}).score(rec, body).reward == 0.0
+    # candidate(-1) == 0 is also passed by a do-nothing `return 0`: it does not count
+    got = get_verifier("code_tests", {"partial": True}).score(rec, body)
+    assert got.reward == 2 / 3 and got.details["counted"] == 3, got.details
+    assert get_verifier("code_tests").score(rec, body).reward == 0.0  # default: the benchmark's all-or-nothing
 
 
 @pytest.mark.parametrize("hack", ["    import os; os._exit(0)\n", "    import sys; sys.exit(0)\n",
