@@ -215,3 +215,7 @@ def generate(name: str, rows: int, seed: int, eval_fraction: float, params: dict
         return fn(rows=rows, seed=seed, eval_fraction=eval_fraction, **params)
     except TypeError as e:
         raise DatasetError(f"generator {name}: bad generator_params {params}: {e}") from None
+
+
+# Public benchmark adapters register their generators too (``humaneval``, ``bfcl``).
+from temper.formats import bfcl as _bfcl, humaneval as _humaneval  # noqa: E402,F401

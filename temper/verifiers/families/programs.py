@@ -139,6 +139,8 @@ class TerminalVerifier(Verifier):
         needed = ("setup", "reference") if mode == "output" else ("setup", "check")
         if record.get(needed[1]) in (None, "") or record.get("setup") is None:
             return None
+        if (bad := self.screen(record, completion)) is not None:
+            return bad
         from infra.sandbox import Session, shared_pool
         from infra.sandbox.pool import QueueTimeout
 
