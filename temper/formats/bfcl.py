@@ -32,7 +32,6 @@ import pandas as pd
 from temper.errors import DatasetError
 from temper.formats import stable_split
 from temper.formats.humaneval import read_jsonl
-from temper.generators import generator
 
 VERSION_PREFIX = "BFCL_v4"
 #: Single-turn Python categories whose answers BFCL checks by AST (the ones this adapter serves).
@@ -130,7 +129,6 @@ def load_packaged(category: str, eval_fraction: float = 1.0) -> list[dict]:
     return load_bfcl(data / name, data / "possible_answer" / name, eval_fraction)
 
 
-@generator("bfcl")
 def bfcl_frame(rows: int, seed: int = 0, eval_fraction: float = 1.0, category: str = "simple_python") -> pd.DataFrame:
     """The first ``rows`` questions of one packaged BFCL category, in file order (``seed`` unused)."""
     records = load_packaged(category, eval_fraction)

@@ -18,7 +18,6 @@ import pandas as pd
 
 from temper.errors import DatasetError
 from temper.formats import stable_split
-from temper.generators import generator
 
 FIELDS = ("task_id", "prompt", "canonical_solution", "test", "entry_point")
 
@@ -58,7 +57,6 @@ def load_humaneval(path: str | Path | None = None, eval_fraction: float = 0.1) -
     return [to_record(p, eval_fraction) for p in read_jsonl(path or packaged_path())]
 
 
-@generator("humaneval")
 def humaneval_frame(rows: int, seed: int = 0, eval_fraction: float = 1.0, path: str | None = None) -> pd.DataFrame:
     """The first ``rows`` problems of the packaged HumanEval (all 164 at most), in task order.
 
