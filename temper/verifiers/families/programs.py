@@ -30,6 +30,9 @@ from temper.verifiers.registry import register
 log = logging.getLogger(__name__)
 
 HARNESS_FILE = ".temper_harness.py"
+# What the warm pool reports when the program killed its box's fork server (kill -9 -1 and the
+# like): that is the completion's doing, so it scores 0; other sandbox errors are None (not judged).
+SERVER_KILLED = "fork server ended during the run"
 HARNESS = Path(__file__).with_name("code_harness.py").read_text()
 
 
@@ -70,9 +73,9 @@ class CodeTestsVerifier(Verifier):
         return pool, token, ["python3", "-I", HARNESS_FILE, str(record["entry_point"]), partial], kwargs
 
     def _verdict(self, result, token: str) -> Verdict | None:
-        if result.verdict == "error":
+        if result.verdict == "error" and SERVER_KILLED not in result.stderr:
             log.warning("code_tests: sandbox failed: %s", result.stderr[-300:])
-            return None
+            return None  # the sandbox's fault, not the completion's: not judged
         details = {"verdict": result.verdict, "exit_code": result.exit_code, "wall_s": result.wall_s,
                    "stderr": result.stderr[-500:]}
         tally = _tally(result.stdout, token) if result.verdict == "ok" and result.exit_code == 0 else None
