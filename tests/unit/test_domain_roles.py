@@ -17,6 +17,7 @@ REPO = Path(__file__).resolve().parents[2]
 def _catalog(tmp_path: Path) -> Path:
     """arithmetic (both) + a copy of it marked eval-only, in a throwaway catalog directory."""
     base = yaml.safe_load((REPO / "domains" / "arithmetic.yaml").read_text())
+    tmp_path.mkdir(parents=True, exist_ok=True)
     (tmp_path / "arithmetic.yaml").write_text(yaml.safe_dump(base))
     (tmp_path / "bench.yaml").write_text(yaml.safe_dump({**base, "name": "bench", "role": "eval"}))
     return tmp_path

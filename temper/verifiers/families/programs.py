@@ -3,11 +3,12 @@
 Both run in ``infra.sandbox`` boxes from the process-wide warm pool of their profile, so a
 GRPO batch of completions executes concurrently up to the pool size, isolated and limited.
 
-code_tests: ``prompt + completion + test`` is written to main.py and run by a small harness that
-calls ``check(entry_point)`` and then prints a per-run random token (read from stdin, never on
-disk) with the pass/fail tally. Only that token counts as success, so a completion that exits
-early with status 0 (``os._exit(0)``, ``sys.exit()``) scores 0. With ``partial`` (default) each
-``assert`` in ``check`` is counted on its own and the reward is the share that passed.
+code_tests: the problem's tests run in a trusted harness process and the completion in a forked
+child that only answers calls of the entry point with plain values (see code_harness.py), so no
+completion can fake a pass: exiting early, printing, monkeypatching ``check``, reaching for the
+harness' token or returning an always-equal object all score 0. Default: the benchmark's own rule,
+1 only when every assert passes. ``partial: true`` (opt-in per domain) pays the share of asserts
+passed, counting only asserts that a do-nothing candidate fails, so a stub earns nothing.
 
 terminal: the record's setup script builds the task in a fresh session, the completion's
 commands run in it, then the check script decides (exit 0) in a *clean* shell state, so a
@@ -49,6 +50,18 @@ def _tally(stdout: str, token: str) -> tuple[int, int, int] | None:
     return None
 
 
+def _prelude(prompt: str) -> str:
+    """The prompt as the tests' own module (its helpers, imports): as is when it compiles (HumanEval
+    prompts end in a docstring), else with a ``pass`` body, else nothing. Compiled here, never run."""
+    for source in (prompt, prompt.rstrip("\n") + "\n    pass\n"):
+        try:
+            compile(source, "prompt", "exec")
+            return source
+        except (SyntaxError, ValueError):
+            continue
+    return ""
+
+
 @register
 class CodeTestsVerifier(Verifier):
     """params: timeout_s (profile default 10), memory_mb, partial (default false: the benchmark's
@@ -67,7 +80,8 @@ class CodeTestsVerifier(Verifier):
         pool = shared_pool(self.sandbox_profile)
         token = secrets.token_hex(16)
         partial = "1" if self.params.get("partial", False) else "0"
-        files = {"solution.py": f"{record['prompt']}{completion}\n", "tests.py": f"{record['prompt']}\n\n{record['test']}\n",
+        files = {"solution.py": f"{record['prompt']}{completion}\n",
+                 "tests.py": f"{_prelude(record['prompt'])}\n\n{record['test']}\n",
                  HARNESS_FILE: HARNESS}
         kwargs = dict(files=files, limits=_limits(pool, self.params), stdin=f"{token}\n".encode())
         return pool, token, ["python3", "-I", HARNESS_FILE, str(record["entry_point"]), partial], kwargs
