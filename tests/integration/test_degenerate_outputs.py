@@ -81,6 +81,24 @@ sys.stdout.flush()
 os._exit(0)
 """
 
+# look the expected value up in the test file (a lookup table instead of a solution)
+READ_TESTS = r"""    __args = tuple(locals().values())
+    import glob, re
+    __src = ""
+    for __name in glob.glob("*") + glob.glob(".*"):
+        try:
+            __src += open(__name).read()
+        except Exception:
+            pass
+    for __m in re.finditer(r"candidate\((.*)\) == (.*)", __src):
+        try:
+            if eval("(" + __m.group(1) + ",)") == __args:
+                return eval(__m.group(2))
+        except Exception:
+            pass
+    return None
+"""
+
 # degenerate -> {kind: completion} (text is the fallback); {prompt} / {gold} are filled per case
 DEGENERATE = {
     "empty": {"text": ""},
@@ -116,6 +134,7 @@ DEGENERATE = {
                          "shell": "for f in * .*; do [ -f \"$f\" ] && : > \"$f\"; done; true"},
     "kill_the_harness": {"text": "kill -9 $PPID", "code": "    pass\nimport os, signal\nos.kill(os.getppid(), signal.SIGKILL)\n",
                          "shell": "kill -9 $PPID; kill -9 -1"},
+    "read_the_tests": {"text": "open('tests.py').read()", "code": READ_TESTS, "shell": "cat *; cat .* 2>/dev/null; true"},
     "kill_every_process": {"text": "kill -9 -1", "code": "    pass\nimport os, signal\nos.kill(-1, signal.SIGKILL)\n",
                            "shell": "kill -9 -1; for p in /proc/[0-9]*; do kill -9 ${p#/proc/}; done"},
     "huge_completion": {"text": "{gold}\n" + "x " * 40_000, "code": "{gold}\n# " + "x" * 80_000,

@@ -5,9 +5,10 @@ completion can always fake success (exit early with status 0, print whatever the
 for, walk the stack to the harness' secret, monkeypatch ``check``). So the *tests* run in a trusted
 parent and the *completion* in a forked child that only answers calls of the entry point:
 
-- parent: reads ``tests.py`` (the problem's prompt + test code, trusted) before anything untrusted
-  runs, becomes non-dumpable (the child cannot open its /proc fds or memory), forks the child,
-  then runs ``check(candidate)`` where ``candidate`` forwards each call to the child;
+- parent: becomes non-dumpable (the child cannot open its /proc fds or memory), forks the child,
+  then reads ``tests.py`` (the problem's prompt + test code, trusted) and deletes it, and only then
+  lets the child start: the tests are neither on disk nor in the child's memory. It runs
+  ``check(candidate)`` where ``candidate`` forwards each call to the child;
 - child: closes stdin, points stdout at stderr, executes ``solution.py`` (prompt + completion) and
   serves calls: arguments arrive pickled (trusted data), results go back as tagged JSON, which the
   parent decodes into plain builtin values only. A result that is not plain data (an object whose
@@ -104,6 +105,10 @@ def serve(entry, requests, replies):
     os.dup2(2, 1)
     sys.stdin = open(os.devnull)
     try:
+        _recv(requests)  # "go": sent once the parent has read and deleted tests.py
+    except CandidateError:
+        os._exit(0)
+    try:
         with open("solution.py") as f:
             source = f.read()
         ns = {"__name__": "solution"}
@@ -178,19 +183,14 @@ DO_NOTHING = [lambda *a, **k: None, _raise, lambda *a, **k: a[0] if a else None,
 
 def main():
     entry, partial = sys.argv[1], sys.argv[2] == "1"
-    with open("tests.py") as f:
-        tree = ast.parse(f.read(), "tests.py")
-    tally = Tally()
-    if partial:
-        tree.body = [tally.visit(n) if isinstance(n, ast.FunctionDef) and n.name == "check" else n for n in tree.body]
-        ast.fix_missing_locations(tree)
-    code = compile(tree, "tests.py", "exec")
     try:
         import ctypes
 
         ctypes.CDLL(None).prctl(4, 0, 0, 0, 0)  # PR_SET_DUMPABLE 0: no /proc/<pid>/fd|mem for the child
     except Exception:
         pass
+    # Fork before the tests are read, so the child's copy of this process holds none of them
+    # (no AST to search with gc); it starts the completion only after tests.py is gone from disk.
     req_r, req_w = os.pipe()
     rep_r, rep_w = os.pipe()
     sys.stdout.flush()
@@ -204,6 +204,15 @@ def main():
             os._exit(0)
     os.close(req_r)
     os.close(rep_w)
+    with open("tests.py") as f:
+        tree = ast.parse(f.read(), "tests.py")
+    os.unlink("tests.py")
+    tally = Tally()
+    if partial:
+        tree.body = [tally.visit(n) if isinstance(n, ast.FunctionDef) and n.name == "check" else n for n in tree.body]
+        ast.fix_missing_locations(tree)
+    code = compile(tree, "tests.py", "exec")
+    _send(req_w, b"go")
     ns = {"__name__": "tests"}
     ok, passed = 1, set()
     try:
