@@ -231,3 +231,10 @@ def bfcl(rows: int, seed: int = 0, eval_fraction: float = 1.0, **params: Any) ->
     from temper.formats.bfcl import bfcl_frame
 
     return bfcl_frame(rows, seed, eval_fraction, **params)
+
+
+@generator("nl2bash")
+def nl2bash(rows: int, seed: int = 0, eval_fraction: float = 1.0, **params: Any) -> pd.DataFrame:
+    from temper.formats.nl2bash import vendored_frame
+
+    return vendored_frame(rows, seed, eval_fraction, **params)

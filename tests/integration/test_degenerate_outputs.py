@@ -15,6 +15,7 @@ from infra.sandbox.bwrap import bwrap_available
 from temper.catalog import load_catalog
 from temper.formats.bfcl import load_packaged
 from temper.formats.humaneval import load_humaneval
+from temper.formats.nl2bash import to_records as nl2bash_records
 from temper.generators import generate
 from temper.verifiers import get_verifier
 
@@ -51,6 +52,9 @@ CASES = {
     # HumanEval/33: its check compares candidate with sort_third itself; HumanEval/2 has `assert True`-like cases
     "code_tests_humaneval_partial": ("code", "code_tests", {"timeout_s": 10, "partial": True}, _he(33), "{prompt}", None),
     "code_tests_starter": ("code", "code_tests", {"timeout_s": 10, "partial": True}, _gen("python_functions"), "{prompt}", None),
+    "terminal_output_mode": ("shell", "terminal", {"timeout_s": 10, "mode": "output"},
+                             nl2bash_records([("Count the error lines in logs/app.log", "grep -c error logs/app.log")])[0],
+                             "Task: {instruction}\nCommands:", None),
     "terminal": ("shell", "terminal", {"timeout_s": 10}, _gen("shell_tasks"), CATALOG["shell_tasks"].prompt_template, None),
 }
 

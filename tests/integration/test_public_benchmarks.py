@@ -79,3 +79,28 @@ def test_pass_fail_equals_human_evals_own_harness_on_wrong_completions(humaneval
     failing = sum(not t for t in theirs)
     print(f"{len(cases)} mutants: {failing} fail, {len(cases) - failing} pass (equivalent or untested), 0 disagreements")
     assert failing >= 150  # real failures, not only equivalent mutants
+
+
+def test_nl2bash_references_reproduce_their_output_and_wrong_commands_do_not():
+    """The vendored NL2Bash subset through the catalog domain's own verifier (output mode, sandbox)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from temper.catalog import load_catalog
+    from temper.formats.nl2bash import VENDORED, load_nl2bash
+
+    domain = load_catalog("domains")["nl2bash"]
+    v = get_verifier(domain.verifier.family, domain.verifier.params)
+    records = load_nl2bash(VENDORED / "subset.nl", VENDORED / "subset.cm", 1.0)
+    with ThreadPoolExecutor(4) as pool:
+        right = list(pool.map(lambda r: v.score(r, r["reference"]), records))
+        wrong = list(pool.map(lambda r: v.score(r, "ls -R"), records))
+    assert len(records) == 102 and [r["id"] for r, g in zip(records, right) if g is None or g.reward != 1.0] == []
+    assert [r["id"] for r, b in zip(records, wrong) if b is None or b.reward != 0.0] == []
+
+
+def test_output_mode_reference_that_prints_nothing_is_not_judged():
+    from temper.formats.nl2bash import to_records
+
+    rec = to_records([("Delete the logs", "rm -rf logs")])[0]
+    v = get_verifier("terminal", {"timeout_s": 5, "mode": "output"})
+    assert v.score(rec, "true") is None  # doing nothing would otherwise "match" the empty output

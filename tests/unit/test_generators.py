@@ -6,7 +6,7 @@ from temper.errors import DatasetError
 from temper.generators import GENERATORS, generate
 
 
-PUBLIC = {"humaneval", "bfcl"}  # fixed data read from a package: no seed, no sampling
+PUBLIC = {"humaneval", "bfcl", "nl2bash"}  # fixed data read from a package: no seed, no sampling
 
 
 @pytest.mark.parametrize("name", sorted(set(GENERATORS) - PUBLIC))
@@ -21,7 +21,7 @@ def test_generators_are_deterministic_and_complete(name):
 
 
 @pytest.mark.parametrize("name,params,size", [("humaneval", {}, 164), ("bfcl", {"category": "simple_python"}, 400),
-                                              ("bfcl", {"category": "parallel_multiple"}, 200)])
+                                              ("bfcl", {"category": "parallel_multiple"}, 200), ("nl2bash", {}, 102)])
 def test_public_benchmarks_are_read_whole_from_their_package(name, params, size):
     a = generate(name, size, 0, 1.0, params)
     assert a.equals(generate(name, size, 7, 1.0, params)) and len(a) == size and a["id"].is_unique

@@ -186,8 +186,8 @@ class TerminalVerifier(Verifier):
     def _compare_outputs(self, session, reference: str, completion: str) -> Verdict | None:
         after_setup = session.snapshot()
         ref = session.run(reference)
-        if not ref.ok:
-            return None
+        if not ref.ok or not ref.stdout.strip():
+            return None  # a reference that fails or prints nothing cannot tell a right answer from doing nothing
         session.restore(after_setup)
         got = session.run(completion)
         ordered = bool(self.params.get("ordered", False))
