@@ -12,6 +12,9 @@ $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip==25.3
 	$(PY) -m pip install -q $(FIND_LINKS) -e ".[test]"
+	# BFCL's data and AST checker only: its own pins (numpy 1.26.4, faiss, sentence-transformers)
+	# conflict with ours and are not needed for that, so no dependencies (see pyproject.toml).
+	$(PY) -m pip install -q --no-deps bfcl-eval==2026.3.23
 	touch $(STAMP)
 
 system-deps:

@@ -19,6 +19,7 @@ from tasks.data import calibration_gate, resolve_domains, validate_domain
 from tasks.evaluation import evaluate
 from tasks.registry import champion, close_lifecycle, gate, open_lifecycle, register
 from tasks.training import prepare_base_model, train_stage
+from temper.catalog import split_by_role
 from temper.errors import ContractViolation
 from temper.lifecycle import PostTrainingParams
 from temper.validation import validation_workers
@@ -67,9 +68,13 @@ def post_training(params: PostTrainingParams = PostTrainingParams()) -> dict:
         close_lifecycle(lifecycle_run_id, "FAILED", markdown)
         raise ContractViolation(f"{len(failed)} domain(s) violate their data contract: {why}")
 
-    if uncalibrated:  # train exactly the domains that passed the calibration gate
-        params = params.model_copy(update={"domains": domains, "mixing_weights": {
-            n: w for n, w in params.mixing_weights.items() if n in domains}})
+    trainable, default_suite = split_by_role(domains, {r.name: r.role for r in refs})
+    held_out = [n for n in domains if n not in trainable]
+    if held_out:
+        logger.info("eval-only domain(s) %s: validated and evaluated, never trained", ", ".join(held_out))
+    if uncalibrated or held_out:  # train exactly the trainable domains that passed the calibration gate
+        params = params.model_copy(update={"domains": trainable, "mixing_weights": {
+            n: w for n, w in params.mixing_weights.items() if n in trainable}})
     base = prepare_base_model(params.base_model)
     model = base
     if params.sft.enabled:
@@ -77,7 +82,8 @@ def post_training(params: PostTrainingParams = PostTrainingParams()) -> dict:
     # GRPO samples each domain at the weight the calibration gate left it (a down-weighted judge domain: x factor)
     model = train_stage("grpo", params, model, run_key, lifecycle_run_id, mixing_weights=gated_weights)
 
-    suite = [r.name for r in resolve_domains(params.eval.domains)] if params.eval.domains else domains
+    # default suite: every validated domain that has held-out data (eval-only ones included)
+    suite = [r.name for r in resolve_domains(params.eval.domains)] if params.eval.domains else default_suite
     before = evaluate.submit(base, suite, params.eval, "base", lifecycle_run_id)
     after = evaluate.submit(model, suite, params.eval, "candidate", lifecycle_run_id)
     before, after = before.result(), after.result()

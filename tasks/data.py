@@ -23,6 +23,7 @@ class DomainRef:
     contract_hash: str
     domain: Domain = field(compare=False, repr=False)
     contract: Contract | None = field(compare=False, repr=False)
+    role: str = "both"  # the domain's catalog role: eval-only domains are validated and evaluated, never trained
 
 
 def _validation_cache_key(_ctx: TaskRunContext, params: dict) -> str:
@@ -50,7 +51,7 @@ def resolve_domains(patterns: list[str] | None, catalog_dir: str | None = None) 
         except DatasetError:
             digest = None
         c = contracts.get(d.contract)
-        refs.append(DomainRef(d.name, digest, config_hash(c) if c else "missing", d, c))
+        refs.append(DomainRef(d.name, digest, config_hash(c) if c else "missing", d, c, d.role))
     return refs
 
 

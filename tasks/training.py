@@ -46,6 +46,14 @@ def stage_config(stage: str, params: PostTrainingParams, base_model: str, run_ke
                        mlflow_experiment="post_training", **{stage: settings})
 
 
+def refuse_eval_only_domains(patterns: list[str]) -> None:
+    """Fail before any job starts when the training domains include an eval-only (held-out) domain."""
+    from temper.catalog import load_catalog, refuse_eval_only, select_domains
+    from temper.settings import get_settings
+
+    refuse_eval_only(select_domains(load_catalog(get_settings().catalog_dir), patterns), "training stage")
+
+
 # No Prefect timeout: the stage's timeout_s is the one limit, enforced by the launcher, which
 # kills every rank (a Prefect timeout would only stop waiting for them).
 @task(retries=1, retry_delay_seconds=5, task_run_name="train-{stage}")
@@ -57,6 +65,7 @@ def train_stage(stage: str, params: PostTrainingParams, base_model: str, run_key
     from temper.settings import get_settings
     from temper.training.job import training_job
 
+    refuse_eval_only_domains(params.domains)
     if params.backend == "kubernetes":
         raise TemperError("backend 'kubernetes' for training: submit through infra.k8s (see docs/kubernetes.md)")
     logger = get_run_logger()

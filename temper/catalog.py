@@ -50,7 +50,8 @@ class SplitSpec(BaseModel):
     train: str = Field(default="train", description="Value of the column for training records.")
     eval: str = Field(default="eval", description="Value of the column for held-out eval records.")
     eval_fraction: float = Field(
-        default=0.1, gt=0, lt=1, description="Expected share of eval records (the contract checks it)."
+        default=0.1, gt=0, le=1,
+        description="Expected share of eval records (the contract checks it); 1 for an eval-only benchmark.",
     )
 
 
@@ -75,6 +76,12 @@ class Domain(BaseModel):
         default="none", description="Sandbox profile the verifier needs; 'none' means it runs in process."
     )
     split: SplitSpec = Field(default_factory=SplitSpec)
+    role: Literal["train", "eval", "both"] = Field(
+        default="both",
+        description="What a run may use this domain for. 'eval': held-out benchmark, never trained on "
+        "(public benchmarks default to it, so a run cannot train on a test set by accident); "
+        "'train': trained on, not in the default eval suite; 'both': either.",
+    )
     source_file: str | None = Field(default=None, exclude=True, description="YAML file it came from.")
 
     @field_validator("verifier")
@@ -95,6 +102,10 @@ class Domain(BaseModel):
             if field_name is not None and not field_name.isidentifier():
                 raise ValueError(f"prompt_template field {{{field_name}}} is not a column name")
         return self
+
+    @property
+    def trainable(self) -> bool:
+        return self.role != "eval"
 
     def dataset_uri(self, storage_root: str) -> str:
         return self.dataset.uri.replace("{store}", storage_root.rstrip("/"))
@@ -127,6 +138,26 @@ def load_catalog(directory: Path | str) -> dict[str, Domain]:
     if not domains:
         raise CatalogError(f"catalog directory {directory} holds no *.yaml domain files")
     return domains
+
+
+def refuse_eval_only(domains: list[Domain], what: str) -> None:
+    """Training's guard: an eval-only domain in ``domains`` is an error naming it (never a silent skip)."""
+    held_out = [d.name for d in domains if not d.trainable]
+    if held_out:
+        raise CatalogError(f"{what}: domain(s) {', '.join(held_out)} have role 'eval' (held-out benchmark data) "
+                           "and cannot be trained on; drop them from the training domains or change their role")
+
+
+def split_by_role(names: list[str], roles: dict[str, str]) -> tuple[list[str], list[str]]:
+    """A run's domains -> (those it trains on, its default eval suite).
+
+    Eval-only domains are never trained on but are evaluated; train-only ones are not evaluated
+    by default. Raises when nothing is left to train on, naming the domains.
+    """
+    trainable = [n for n in names if roles.get(n, "both") != "eval"]
+    if not trainable:
+        raise CatalogError(f"no trainable domain among {', '.join(names)}: all have role 'eval' (held-out benchmarks)")
+    return trainable, [n for n in names if roles.get(n, "both") != "train"]
 
 
 def select_domains(catalog: dict[str, Domain], patterns: list[str] | None) -> list[Domain]:

@@ -215,3 +215,26 @@ def generate(name: str, rows: int, seed: int, eval_fraction: float, params: dict
         return fn(rows=rows, seed=seed, eval_fraction=eval_fraction, **params)
     except TypeError as e:
         raise DatasetError(f"generator {name}: bad generator_params {params}: {e}") from None
+
+
+# Public benchmarks: the data comes from an installed package through temper/formats (imported
+# only when generated, so loading the catalog never imports them).
+@generator("humaneval")
+def humaneval(rows: int, seed: int = 0, eval_fraction: float = 1.0, **params: Any) -> pd.DataFrame:
+    from temper.formats.humaneval import humaneval_frame
+
+    return humaneval_frame(rows, seed, eval_fraction, **params)
+
+
+@generator("bfcl")
+def bfcl(rows: int, seed: int = 0, eval_fraction: float = 1.0, **params: Any) -> pd.DataFrame:
+    from temper.formats.bfcl import bfcl_frame
+
+    return bfcl_frame(rows, seed, eval_fraction, **params)
+
+
+@generator("nl2bash")
+def nl2bash(rows: int, seed: int = 0, eval_fraction: float = 1.0, **params: Any) -> pd.DataFrame:
+    from temper.formats.nl2bash import vendored_frame
+
+    return vendored_frame(rows, seed, eval_fraction, **params)

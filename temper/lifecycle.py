@@ -31,7 +31,7 @@ class SFTStage(SFTSettings):
 class EvalSettings(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    domains: list[str] | None = Field(default=None, description="Eval suite (names or globs); None = the trained domains.")
+    domains: list[str] | None = Field(default=None, description="Eval suite (names or globs); None = the run's domains except role 'train' ones (eval-only benchmarks included).")
     limit: int = Field(default=64, ge=1, description="Eval records per domain (from its eval split).")
     max_new_tokens: int = Field(default=8, ge=1, description="Greedy tokens generated per eval prompt.")
     shards: int = Field(default=1, ge=1, description="Eval processes (Kubernetes: Jobs) per model, each loading the "
@@ -46,7 +46,8 @@ class PostTrainingParams(BaseModel):
     model_name: str = Field(default="temper-demo", description="Registered model name in MLflow.")
     base_model: str = Field(default="tiny", description="HF folder, fsspec URI, or 'tiny' (made by `temper model init-tiny`).")
     domains: list[str] = Field(default_factory=lambda: ["arithmetic", "multiplication"],
-                               description="Domains to train on (names or globs over the catalog).")
+                               description="Domains of the run (names or globs over the catalog): trained, except eval-only "
+                               "ones (role 'eval'), which are validated and evaluated only.")
     mixing_weights: MixingWeights = Field(default_factory=dict,
                                           description="Override of catalog sampling ratios, domain -> weight > 0.")
     sft: SFTStage = Field(default_factory=SFTStage)

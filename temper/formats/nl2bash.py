@@ -4,6 +4,10 @@ NL2Bash ships line-aligned ``*.nl`` / ``*.cm`` files and has no end-state checks
 commands *print* an answer. So a record gets a fixed fixture ``setup`` (a small tree of files
 to work on) and an empty ``check``; such domains use the terminal family with ``mode: output``,
 which compares what the completion prints with what the reference prints on the same fixture.
+
+No package ships NL2Bash, so a 102-pair subset of its corpus is vendored under its MIT licence in
+``temper/formats/data/nl2bash`` (SOURCE.md says where from and how the pairs were chosen: each
+reference runs on FIXTURE and prints something that tells it from a wrong command).
 """
 
 from __future__ import annotations
@@ -11,8 +15,12 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import pandas as pd
+
 from temper.errors import DatasetError
 from temper.formats import stable_split
+
+VENDORED = Path(__file__).parent / "data" / "nl2bash"
 
 # A small, deterministic tree with a few file types, sizes and a nested dir.
 FIXTURE = """mkdir -p src/lib docs logs
@@ -44,3 +52,11 @@ def load_pairs(nl_path: str | Path, cm_path: str | Path) -> list[tuple[str, str]
 
 def load_nl2bash(nl_path: str | Path, cm_path: str | Path, eval_fraction: float = 0.1) -> list[dict[str, Any]]:
     return to_records(load_pairs(nl_path, cm_path), eval_fraction=eval_fraction)
+
+
+def vendored_frame(rows: int, seed: int = 0, eval_fraction: float = 1.0) -> pd.DataFrame:
+    """The first ``rows`` pairs of the vendored subset, in file order (``seed`` unused)."""
+    records = load_nl2bash(VENDORED / "subset.nl", VENDORED / "subset.cm", eval_fraction)
+    if rows > len(records):
+        raise DatasetError(f"NL2Bash subset has {len(records)} pairs, domain asks for rows={rows}")
+    return pd.DataFrame.from_records(records[:rows])

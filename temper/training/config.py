@@ -116,7 +116,8 @@ class TrainConfig(BaseModel):
                           "and a run restarted with the same name resumes from its latest checkpoint.")
     base_model: str = Field(description="HF causal LM folder: a local path or an fsspec URI (copied to a local cache).")
     domains: list[str] = Field(default_factory=list,
-                               description="Glob patterns over catalog domain names; empty means all domains.")
+                               description="Glob patterns over catalog domain names; empty means all trainable domains "
+                               "(an eval-only domain named here is refused).")
     mixing_weights: MixingWeights = Field(default_factory=dict,
                                           description="Per-domain sampling weight overriding the catalog's "
                                           "sampling_ratio (domain -> weight > 0).")

@@ -16,7 +16,7 @@ import logging
 from pathlib import Path
 from typing import Any
 
-from temper.catalog import Domain, load_catalog, select_domains
+from temper.catalog import Domain, load_catalog, refuse_eval_only, select_domains
 from temper.settings import Settings, get_settings
 from temper.training import checkpoint as ckpt
 from temper.training.callbacks import TemperCallback
@@ -52,7 +52,11 @@ def load_domains(cfg: TrainConfig, settings: Settings) -> tuple[list[Domain], di
     from temper.datasets import load_dataset
 
     catalog = load_catalog(cfg.catalog_dir or settings.catalog_dir)
-    domains = select_domains(catalog, cfg.domains)
+    if cfg.domains:  # named or globbed: an eval-only domain among them is an error, never a silent skip
+        domains = select_domains(catalog, cfg.domains)
+        refuse_eval_only(domains, f"run {cfg.run_name}")
+    else:  # "all domains" means all that may be trained on
+        domains = [d for d in select_domains(catalog, None) if d.trainable]
     frames, digests, uris = {}, {}, {}
     for d in domains:
         loaded = load_dataset(d, settings)

@@ -9,6 +9,7 @@ not something it can judge (so a mixed batch never gets a fake 0), otherwise a
 from __future__ import annotations
 
 import asyncio
+import re
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
@@ -38,12 +39,40 @@ class Verifier:
     sandbox_profile: ClassVar[str] = "none"
     #: ``score`` blocks on I/O: run it in a worker thread so a batch's calls overlap.
     offload: ClassVar[bool] = False
+    #: Record columns the prompt shows the model. A verbatim copy of one of them in the completion
+    #: is not an answer: extraction families look for the answer in what is left without them.
+    input_fields: ClassVar[tuple[str, ...]] = ()
+    #: Completions longer than this score 0 (params.max_completion_chars overrides it).
+    max_completion_chars: ClassVar[int] = 32_768
 
     def __init__(self, **params: Any) -> None:
         self.params = params
 
     def score(self, record: dict[str, Any], completion: str) -> Verdict | None:
         raise NotImplementedError
+
+    def screen(self, record: dict[str, Any], completion: Any) -> Verdict | None:
+        """Verdict 0 for a degenerate completion (not a string, empty, huge, nothing but the prompt's
+        own inputs); None when the family should go on and judge it. Every family calls this once
+        it knows the record is one it judges, so do-nothing outputs earn nothing in any family."""
+        if not isinstance(completion, str) or not completion.strip():
+            return Verdict(0.0, {"reason": "empty completion"})
+        limit = int(self.params.get("max_completion_chars", self.max_completion_chars))
+        if len(completion) > limit:
+            return Verdict(0.0, {"reason": f"completion longer than {limit} characters"})
+        if self.input_fields and not self.without_inputs(record, completion).strip():
+            return Verdict(0.0, {"reason": "completion only repeats the prompt's inputs"})
+        return None
+
+    def without_inputs(self, record: dict[str, Any], completion: str) -> str:
+        """``completion`` with every verbatim copy (whitespace aside) of the record's input columns cut out."""
+        fields = self.params.get("input_fields", self.input_fields)
+        for name in fields:
+            value = record.get(name)
+            if isinstance(value, str) and len(value.strip()) >= 2:
+                pattern = r"\s*".join(re.escape(tok) for tok in value.split())
+                completion = re.sub(pattern, " ", completion)
+        return completion
 
     async def ascore(self, record: dict[str, Any], completion: str) -> Verdict | None:
         if self.offload:

@@ -41,8 +41,10 @@ def test_partial_credit_counts_asserts():
            "test": "def check(candidate):\n    assert candidate(0) == 1\n    assert candidate(1) == 2\n"
                    "    assert candidate(-1) == 0\n    assert candidate(5) == 7\n"}
     body = "    return x + 1 if x < 3 else x\n"
-    assert get_verifier("code_tests").score(rec, body).reward == 0.75
-    assert get_verifier("code_tests", {"partial": False}).score(rec, body).reward == 0.0
+    # a do-nothing body passes two of them: `return True` (True == 1) and `return 0`: they do not count
+    got = get_verifier("code_tests", {"partial": True}).score(rec, body)
+    assert got.reward == 0.5 and got.details["counted"] == 2, got.details
+    assert get_verifier("code_tests").score(rec, body).reward == 0.0  # default: the benchmark's all-or-nothing
 
 
 @pytest.mark.parametrize("hack", ["    import os; os._exit(0)\n", "    import sys; sys.exit(0)\n",
@@ -59,9 +61,9 @@ def test_hostile_completion_is_zero_not_a_crash():
     v = get_verifier("code_tests", {"timeout_s": 1}).score(rec, "    while True: pass\n")
     assert v.reward == 0.0 and v.details["verdict"] == "timeout" and time.monotonic() - start < 2
     v = get_verifier("code_tests", {"memory_mb": 300, "partial": False}).score(rec, "    x = bytearray(2**30)\n")
-    assert v.reward == 0.0 and v.details["verdict"] == "memory"
-    v = get_verifier("code_tests", {"memory_mb": 300}).score(rec, "    x = bytearray(2**30)\n")
-    assert v.reward == 0.0 and v.details["failed"] == 5  # partial: each assert's MemoryError counted as a failure
+    assert v.reward == 0.0 and "MemoryError" in v.details["stderr"]  # the child's call fails, the harness reports it
+    v = get_verifier("code_tests", {"memory_mb": 300, "partial": True}).score(rec, "    x = bytearray(2**30)\n")
+    assert v.reward == 0.0 and v.details["passed"] == 0  # partial: each call's MemoryError fails its assert
 
 
 def test_terminal_check_runs_in_a_clean_shell():

@@ -6,7 +6,10 @@ from temper.errors import DatasetError
 from temper.generators import GENERATORS, generate
 
 
-@pytest.mark.parametrize("name", sorted(GENERATORS))
+PUBLIC = {"humaneval", "bfcl", "nl2bash"}  # fixed data read from a package: no seed, no sampling
+
+
+@pytest.mark.parametrize("name", sorted(set(GENERATORS) - PUBLIC))
 def test_generators_are_deterministic_and_complete(name):
     a = generate(name, 200, 3, 0.1, {})
     b = generate(name, 200, 3, 0.1, {})
@@ -15,6 +18,21 @@ def test_generators_are_deterministic_and_complete(name):
     assert a["id"].is_unique
     assert {"id", "split", "reference"} <= set(a.columns)
     assert 0.03 < (a["split"] == "eval").mean() < 0.2
+
+
+@pytest.mark.parametrize("name,params,size", [("humaneval", {}, 164), ("bfcl", {"category": "simple_python"}, 400),
+                                              ("bfcl", {"category": "parallel_multiple"}, 200), ("nl2bash", {}, 102)])
+def test_public_benchmarks_are_read_whole_from_their_package(name, params, size):
+    a = generate(name, size, 0, 1.0, params)
+    assert a.equals(generate(name, size, 7, 1.0, params)) and len(a) == size and a["id"].is_unique
+    assert set(a["split"]) == {"eval"}
+    with pytest.raises(DatasetError, match=f"has {size} .*rows={size + 1}"):
+        generate(name, size + 1, 0, 1.0, params)
+
+
+def test_bfcl_unknown_category_names_it():
+    with pytest.raises(DatasetError, match="category 'java' is not one of"):
+        generate("bfcl", 10, 0, 1.0, {"category": "java"})
 
 
 def test_tool_call_references_match_ground_truth():

@@ -42,6 +42,7 @@ class DocQAVerifier(Verifier):
     tolerance (1e-6 relative), partial (false), grounded (false)."""
 
     family = "doc_qa"
+    input_fields = ("document", "question", "context")
 
     def score(self, record: dict[str, Any], completion: str) -> Verdict | None:
         field = self.params.get("answer_field", "answer")
@@ -53,6 +54,9 @@ class DocQAVerifier(Verifier):
             doc = normalize(str(record.get(self.params.get("document_field", "document"), "")))
             if not any(normalize(g) in doc for g in golds):
                 return None
+        if (bad := self.screen(record, completion)) is not None:
+            return bad
+        completion = self.without_inputs(record, completion)
         numeric = [n for n in (parse_number(g) for g in golds) if n is not None]
         if numeric and len(numeric) == len(golds):
             raw = extract_final_number(completion, self.params.get("pick", "first"))

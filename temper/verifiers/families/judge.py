@@ -85,6 +85,8 @@ class JudgeVerifier(Verifier):
 
     def score(self, record: dict[str, Any], completion: str) -> Verdict | None:
         item = str(record.get("id", "?"))
+        if (bad := self.screen(record, completion)) is not None:
+            return bad  # empty or huge: not worth a judge call
         try:
             result = self.judge_record(record, completion)
         except KeyError as e:

@@ -89,6 +89,7 @@ class NumericVerifier(Verifier):
     """
 
     family = "numeric"
+    input_fields = ("question", "problem", "prompt")
 
     def score(self, record: dict[str, Any], completion: str) -> Verdict | None:
         field = self.params.get("answer_field", "answer")
@@ -97,7 +98,9 @@ class NumericVerifier(Verifier):
         gold = parse_number(str(record[field]))
         if gold is None:
             return None  # the record's own answer is not a number: not ours to judge
-        raw = extract_final_number(completion, self.params.get("pick", "first"))
+        if (bad := self.screen(record, completion)) is not None:
+            return bad
+        raw = extract_final_number(self.without_inputs(record, completion), self.params.get("pick", "first"))
         got = candidates(raw)
         if not got:
             return Verdict(0.0, {"extracted": raw, "gold": str(record[field]), "reason": "no number"})
@@ -121,6 +124,7 @@ class ExactVerifier(Verifier):
     """
 
     family = "exact"
+    input_fields = ("question", "prompt", "problem")
 
     def __init__(self, **params: Any) -> None:
         super().__init__(**params)
@@ -135,6 +139,9 @@ class ExactVerifier(Verifier):
             pattern = self.params.get("pattern") or record.get(self.params.get("pattern_field", "pattern"))
             if not pattern:
                 return None
+            if (bad := self.screen(record, completion)) is not None:
+                return bad
+            completion = self.without_inputs(record, completion)
             try:
                 rx = re.compile(pattern, re.S)
             except re.error as e:
@@ -145,7 +152,9 @@ class ExactVerifier(Verifier):
         if field not in record or record[field] is None:
             return None
         golds = record[field] if isinstance(record[field], list) else [record[field]]
-        got = completion.strip()
+        if (bad := self.screen(record, completion)) is not None:
+            return bad
+        got = self.without_inputs(record, completion).strip()
         if mode == "exact":
             ok = any(got == str(g).strip() for g in golds)
         else:

@@ -3,11 +3,12 @@
 Both run in ``infra.sandbox`` boxes from the process-wide warm pool of their profile, so a
 GRPO batch of completions executes concurrently up to the pool size, isolated and limited.
 
-code_tests: ``prompt + completion + test`` is written to main.py and run by a small harness that
-calls ``check(entry_point)`` and then prints a per-run random token (read from stdin, never on
-disk) with the pass/fail tally. Only that token counts as success, so a completion that exits
-early with status 0 (``os._exit(0)``, ``sys.exit()``) scores 0. With ``partial`` (default) each
-``assert`` in ``check`` is counted on its own and the reward is the share that passed.
+code_tests: the problem's tests run in a trusted harness process and the completion in a forked
+child that only answers calls of the entry point with plain values (see code_harness.py), so no
+completion can fake a pass: exiting early, printing, monkeypatching ``check``, reaching for the
+harness' token or returning an always-equal object all score 0. Default: the benchmark's own rule,
+1 only when every assert passes. ``partial: true`` (opt-in per domain) pays the share of asserts
+passed, counting only asserts that a do-nothing candidate fails, so a stub earns nothing.
 
 terminal: the record's setup script builds the task in a fresh session, the completion's
 commands run in it, then the check script decides (exit 0) in a *clean* shell state, so a
@@ -21,6 +22,7 @@ from __future__ import annotations
 
 import logging
 import secrets
+from pathlib import Path
 from typing import Any
 
 from temper.verifiers.base import Verdict, Verifier
@@ -29,53 +31,46 @@ from temper.verifiers.registry import register
 log = logging.getLogger(__name__)
 
 HARNESS_FILE = ".temper_harness.py"
-HARNESS = r'''
-import ast, sys
-
-class _Count(ast.NodeTransformer):
-    def visit_Assert(self, node):
-        ok = ast.parse("__temper_tally__[0] += 1").body
-        bad = ast.parse("__temper_tally__[1] += 1").body
-        handler = ast.ExceptHandler(type=ast.Name("Exception", ast.Load()), name=None, body=bad)
-        return ast.copy_location(ast.Try(body=[node] + ok, handlers=[handler], orelse=[], finalbody=[]), node)
-
-def main():
-    token, entry, partial = sys.stdin.readline().split()
-    with open("main.py") as f:
-        tree = ast.parse(f.read(), "main.py")
-    if partial == "1":
-        tree.body = [_Count().visit(n) if isinstance(n, ast.FunctionDef) and n.name == "check" else n
-                     for n in tree.body]
-        ast.fix_missing_locations(tree)
-    tally = [0, 0]
-    ns = {"__name__": "__main__", "__temper_tally__": tally}
-    exec(compile(tree, "main.py", "exec"), ns)
-    ns["check"](ns[entry])
-    sys.stdout.flush()
-    sys.stdout.write("\n%s %d %d\n" % (token, tally[0], tally[1]))
-
-main()
-'''
+# What the warm pool reports when the program killed its box's fork server (kill -9 -1 and the
+# like): that is the completion's doing, so it scores 0; other sandbox errors are None (not judged).
+SERVER_KILLED = "fork server ended during the run"
+HARNESS = Path(__file__).with_name("code_harness.py").read_text()
 
 
 def _limits(pool, params: dict[str, Any]):
     return pool.profile.limits.merged(wall_s=params.get("timeout_s"), memory_mb=params.get("memory_mb"))
 
 
-def _tally(stdout: str, token: str) -> tuple[int, int] | None:
+def _tally(stdout: str, token: str) -> tuple[int, int, int] | None:
+    """(ok, passed, total) from the harness' last line that starts with this run's token."""
     for line in reversed(stdout.splitlines()):
-        if line.startswith(token + " "):
-            parts = line.split()
-            return int(parts[1]), int(parts[2])
+        parts = line.split()
+        if len(parts) == 4 and parts[0] == token and all(p.isdigit() for p in parts[1:]):
+            return int(parts[1]), int(parts[2]), int(parts[3])
     return None
+
+
+def _prelude(prompt: str) -> str:
+    """The prompt as the tests' own module (its helpers, imports): as is when it compiles (HumanEval
+    prompts end in a docstring), else with a ``pass`` body, else nothing. Compiled here, never run."""
+    for source in (prompt, prompt.rstrip("\n") + "\n    pass\n"):
+        try:
+            compile(source, "prompt", "exec")
+            return source
+        except (SyntaxError, ValueError):
+            continue
+    return ""
 
 
 @register
 class CodeTestsVerifier(Verifier):
-    """params: timeout_s (profile default 10), memory_mb, partial (true: share of asserts passed)."""
+    """params: timeout_s (profile default 10), memory_mb, partial (default false: the benchmark's
+    rule, 1 only when every assert passes; true: share of the asserts that a do-nothing candidate
+    does not already pass)."""
 
     family = "code_tests"
     sandbox_profile = "python"
+    input_fields = ("prompt",)
 
     def _job(self, record: dict[str, Any], completion: str):
         if not all(record.get(k) for k in ("prompt", "test", "entry_point")):
@@ -84,26 +79,30 @@ class CodeTestsVerifier(Verifier):
 
         pool = shared_pool(self.sandbox_profile)
         token = secrets.token_hex(16)
-        program = f"{record['prompt']}{completion}\n\n{record['test']}\n"
-        partial = "1" if self.params.get("partial", True) else "0"
-        kwargs = dict(files={"main.py": program, HARNESS_FILE: HARNESS}, limits=_limits(pool, self.params),
-                      stdin=f"{token} {record['entry_point']} {partial}\n".encode())
-        return pool, token, kwargs
+        partial = "1" if self.params.get("partial", False) else "0"
+        files = {"solution.py": f"{record['prompt']}{completion}\n",
+                 "tests.py": f"{_prelude(record['prompt'])}\n\n{record['test']}\n",
+                 HARNESS_FILE: HARNESS}
+        kwargs = dict(files=files, limits=_limits(pool, self.params), stdin=f"{token}\n".encode())
+        return pool, token, ["python3", "-I", HARNESS_FILE, str(record["entry_point"]), partial], kwargs
 
     def _verdict(self, result, token: str) -> Verdict | None:
-        if result.verdict == "error":
+        if result.verdict == "error" and SERVER_KILLED not in result.stderr:
             log.warning("code_tests: sandbox failed: %s", result.stderr[-300:])
-            return None
+            return None  # the sandbox's fault, not the completion's: not judged
         details = {"verdict": result.verdict, "exit_code": result.exit_code, "wall_s": result.wall_s,
                    "stderr": result.stderr[-500:]}
         tally = _tally(result.stdout, token) if result.verdict == "ok" and result.exit_code == 0 else None
         if tally is None:
             return Verdict(0.0, {**details, "passed": 0})
-        passed, failed = tally
-        reward = passed / (passed + failed) if self.params.get("partial", True) and passed + failed else 1.0
-        if not self.params.get("partial", True) and failed:
+        ok, passed, total = tally
+        if ok:
+            reward = 1.0
+        elif self.params.get("partial", False) and total:
+            reward = passed / total
+        else:
             reward = 0.0
-        return Verdict(reward, {**details, "passed": passed, "failed": failed})
+        return Verdict(reward, {**details, "all_passed": bool(ok), "passed": passed, "counted": total})
 
     def score(self, record: dict[str, Any], completion: str) -> Verdict | None:
         from infra.sandbox.pool import PoolFull, QueueTimeout
@@ -111,9 +110,11 @@ class CodeTestsVerifier(Verifier):
         job = self._job(record, completion)
         if job is None:
             return None
-        pool, token, kwargs = job
+        if (bad := self.screen(record, completion)) is not None:
+            return bad
+        pool, token, argv, kwargs = job
         try:
-            result = pool.exec(["python3", "-I", HARNESS_FILE], **kwargs)
+            result = pool.exec(argv, **kwargs)
         except (PoolFull, QueueTimeout) as e:  # overload is not the completion's fault
             log.warning("code_tests: %s", e)
             return None
@@ -125,9 +126,11 @@ class CodeTestsVerifier(Verifier):
         job = self._job(record, completion)
         if job is None:
             return None
-        pool, token, kwargs = job
+        if (bad := self.screen(record, completion)) is not None:
+            return bad
+        pool, token, argv, kwargs = job
         try:
-            result = await pool.aexec(["python3", "-I", HARNESS_FILE], **kwargs)
+            result = await pool.aexec(argv, **kwargs)
         except (PoolFull, QueueTimeout) as e:
             log.warning("code_tests: %s", e)
             return None
@@ -153,6 +156,8 @@ class TerminalVerifier(Verifier):
         needed = ("setup", "reference") if mode == "output" else ("setup", "check")
         if record.get(needed[1]) in (None, "") or record.get("setup") is None:
             return None
+        if (bad := self.screen(record, completion)) is not None:
+            return bad
         from infra.sandbox import Session, shared_pool
         from infra.sandbox.pool import QueueTimeout
 
@@ -181,8 +186,8 @@ class TerminalVerifier(Verifier):
     def _compare_outputs(self, session, reference: str, completion: str) -> Verdict | None:
         after_setup = session.snapshot()
         ref = session.run(reference)
-        if not ref.ok:
-            return None
+        if not ref.ok or not ref.stdout.strip():
+            return None  # a reference that fails or prints nothing cannot tell a right answer from doing nothing
         session.restore(after_setup)
         got = session.run(completion)
         ordered = bool(self.params.get("ordered", False))

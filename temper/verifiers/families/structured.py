@@ -82,6 +82,7 @@ class JSONExtractionVerifier(Verifier):
     """
 
     family = "json_extraction"
+    input_fields = ("document", "text")
 
     def score(self, record: dict[str, Any], completion: str) -> Verdict | None:
         field = self.params.get("expected_field", "expected")
@@ -96,8 +97,10 @@ class JSONExtractionVerifier(Verifier):
         fields = self.params.get("fields") or sorted(expected)
         kinds = {f: "number" for f in self.params.get("numeric_fields", [])}
         kinds.update({f: "date" for f in self.params.get("date_fields", [])})
+        if (bad := self.screen(record, completion)) is not None:
+            return bad
         try:
-            got = first_json(completion)
+            got = first_json(self.without_inputs(record, completion))
         except ValueError:
             return Verdict(0.0, {"reason": "no valid JSON object"})
         if not isinstance(got, dict):
@@ -170,8 +173,43 @@ class ToolCallVerifier(Verifier):
     """
 
     family = "tool_call"
+    input_fields = ("query", "functions")
 
     def score(self, record: dict[str, Any], completion: str) -> Verdict | None:
+        if self.params.get("checker", "temper") == "bfcl":
+            return self._score_bfcl(record, completion)
+        return self._score_temper(record, completion)
+
+    def _score_bfcl(self, record: dict[str, Any], completion: str) -> Verdict | None:
+        """BFCL's own AST checker (``category`` param: simple_python, multiple, parallel, parallel_multiple)."""
+        from temper.formats.bfcl import ast_checker, decode_python_calls
+
+        try:
+            truth, functions = json.loads(record["ground_truth"]), json.loads(record["functions"])
+        except (KeyError, TypeError, ValueError):
+            return None
+        if (bad := self.screen(record, completion)) is not None:
+            return bad
+        text = self.without_inputs(record, completion)
+        calls = decode_python_calls(text)
+        if calls is None:
+            try:
+                got = first_json(text)
+            except ValueError:
+                return Verdict(0.0, {"reason": "no call list"})
+            got = [got] if isinstance(got, dict) else got
+            if not isinstance(got, list) or not all(isinstance(c, dict) for c in got):
+                return Verdict(0.0, {"reason": "calls are not objects"})
+            calls = [{c["name"]: _arguments(c)} if "name" in c else c for c in got]
+        if not all(len(c) == 1 and isinstance(next(iter(c.values())), dict) for c in calls):
+            return Verdict(0.0, {"reason": "a call has no argument object"})
+        try:
+            result = ast_checker()(functions, calls, truth, self.params.get("category", "simple_python"))
+        except Exception as e:  # the checker's own failure on a malformed call is a wrong answer
+            return Verdict(0.0, {"reason": f"BFCL checker: {type(e).__name__}: {e}"})
+        return Verdict(1.0 if result.get("valid") else 0.0, {"errors": result.get("error", [])[:3]})
+
+    def _score_temper(self, record: dict[str, Any], completion: str) -> Verdict | None:
         if record.get("ground_truth") is None:
             return None
         try:
@@ -183,8 +221,10 @@ class ToolCallVerifier(Verifier):
         truth = [truth] if isinstance(truth, dict) else truth
         required = {f.get("name"): list((f.get("parameters") or {}).get("required", [])) for f in functions
                     if isinstance(f, dict)}
+        if (bad := self.screen(record, completion)) is not None:
+            return bad
         try:
-            calls = first_json(completion)
+            calls = first_json(self.without_inputs(record, completion))
         except ValueError:
             return Verdict(0.0, {"reason": "no JSON call list"})
         calls = [calls] if isinstance(calls, dict) else calls
