@@ -32,6 +32,7 @@ def resolve_domains(patterns: list[str] | None, catalog_dir: str | None = None) 
     from temper.catalog import load_catalog, select_domains
     from temper.datasets import dataset_digest
     from temper.errors import DatasetError
+    from temper.packs import contract_for
     from temper.settings import get_settings
 
     settings = get_settings()
@@ -43,7 +44,7 @@ def resolve_domains(patterns: list[str] | None, catalog_dir: str | None = None) 
             digest = dataset_digest(d, settings)
         except DatasetError:
             digest = None
-        c = contracts.get(d.contract)
+        c = contract_for(d, contracts)
         refs.append(DomainRef(d.name, digest, config_hash(c) if c else "missing"))
     return refs
 
@@ -54,12 +55,13 @@ def validate_domain(ref: DomainRef, catalog_dir: str | None = None) -> DomainRep
     from data_contracts.model import load_contracts
     from data_contracts.runner import GXRunner
     from temper.catalog import load_catalog
+    from temper.packs import contract_for
     from temper.settings import get_settings
     from temper.validation import validate_domain as run
 
     settings = get_settings()
     domain = load_catalog(catalog_dir or settings.catalog_dir)[ref.name]
-    contract = load_contracts(settings.resolved_contracts_dir).get(domain.contract)
+    contract = contract_for(domain, load_contracts(settings.resolved_contracts_dir))
     return run(domain, contract, GXRunner(), settings)
 
 

@@ -17,6 +17,7 @@ from infra.storage import join, put_dir
 from temper.catalog import Domain
 from temper.datasets import load_dataset
 from temper.errors import DatasetError
+from temper.packs import contract_for
 from temper.settings import Settings, get_settings
 
 
@@ -54,7 +55,7 @@ def validate_domains(domains: list[Domain], settings: Settings | None = None, *,
     contracts = contracts if contracts is not None else load_contracts(settings.resolved_contracts_dir)
     docs_local = Path(tempfile.mkdtemp(prefix="temper-docs-"))
     runner = GXRunner(docs_dir=docs_local)
-    reports = [validate_domain(d, contracts.get(d.contract), runner, settings) for d in domains]
+    reports = [validate_domain(d, contract_for(d, contracts), runner, settings) for d in domains]
     docs_uri = None
     if build_docs and any(r.expectations for r in reports):
         runner.build_docs()

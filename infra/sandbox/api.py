@@ -59,6 +59,12 @@ class Profile(BaseModel):
     limits: Limits
     code_file: str = Field(description="File the code of a code request is written to, in the work dir.")
     code_argv: list[str] = Field(description="Command that runs code_file.")
+    ro_paths: tuple[str, ...] = Field(default=(), description="Host directories bound read-only at the same "
+                                      "path in every run (and put on the fork server's sys.path), e.g. a "
+                                      "site-packages whose library the runs use.")
+    preload: str | None = Field(default=None, description="Python source the fork server runs once before it "
+                                "serves (module __temper_preload__), so what every run needs (a big import) "
+                                "is paid per warm box, not per run.")
 
 
 PROFILES: dict[str, Profile] = {
