@@ -30,7 +30,7 @@ import weakref
 from collections.abc import Mapping
 from pathlib import Path
 
-from infra.sandbox.api import Limits, Profile, Result, SandboxError, safe_relpath
+from infra.sandbox.api import Limits, Profile, Result, SandboxError, ro_mount, safe_relpath
 from infra.sandbox import seccomp
 from infra.sandbox.cgroups import BoxCgroup, Cgroups
 from infra.sandbox.forkserver import ForkServer, can_serve
@@ -115,7 +115,7 @@ class BwrapBackend:
         for flag, src, dst in self._etc:
             cmd += [flag, src, dst]
         for path in ro_paths:  # the profile's read-only library dirs (e.g. a venv's site-packages)
-            cmd += ["--ro-bind", path, path]
+            cmd += ["--ro-bind", path, ro_mount(path)]
         tmp_bytes = str(limits.tmp_mb << 20)
         cmd += ["--proc", "/proc", "--dev", "/dev", "--size", tmp_bytes, "--tmpfs", "/tmp",
                 "--size", tmp_bytes, "--tmpfs", "/dev/shm", "--bind", str(work), WORK, "--remount-ro", "/",
@@ -276,7 +276,8 @@ class BwrapBox:
             self._drop_warm()
         if self._server is None and not self.closed and self.profile.code_argv[0] == "python3":
             self._server = ForkServer(lambda argv, fd: self._spawn(argv, self.profile.limits, {}, fd, usage=False)[0],
-                                      paths=self.profile.ro_paths, preload=self.profile.preload)
+                                      paths=tuple(ro_mount(p) for p in self.profile.ro_paths),
+                                      preload=self.profile.preload)
 
     def _drop_warm(self) -> None:
         if self._server is not None:

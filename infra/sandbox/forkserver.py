@@ -50,6 +50,7 @@ sys.path.extend(p for p in _boot.get("paths", ()) if p not in sys.path)
 if _boot.get("preload"):
     _pre = sys.modules["__temper_preload__"] = type(sys)("__temper_preload__")
     exec(compile(_boot["preload"], "<preload>", "exec"), _pre.__dict__)
+_ctl.send(b"ready")  # the host starts a run's clock only after this: a slow preload is not the run's time
 _NAMES = ("RLIMIT_AS", "RLIMIT_CPU", "RLIMIT_NPROC", "RLIMIT_FSIZE", "RLIMIT_NOFILE")
 
 
@@ -223,12 +224,28 @@ class ForkServer:
         finally:
             theirs.close()
         self.proc.stdin.close()
+        self.ready = False
+
+    def _wait_ready(self, timeout_s: float = 300.0) -> bool:
+        """Block until the server has run its preload and said so; False if it died or took too long."""
+        if not self.ready:
+            self.ctl.settimeout(timeout_s)
+            try:
+                self.ready = self.ctl.recv(16) == b"ready"
+            except OSError:
+                self.ready = False
+            finally:
+                self.ctl.settimeout(None)
+        return self.ready
 
     def alive(self) -> bool:
         return self.proc.poll() is None
 
     def run(self, argv: list[str], limits: Limits, stdin: bytes | None) -> Result | None:
         """Run one program; None when the server was already gone (the caller runs it cold)."""
+        if not self._wait_ready():
+            self.close()
+            return None
         start = time.monotonic()
         in_r, in_w = os.pipe()
         out_r, out_w = os.pipe()

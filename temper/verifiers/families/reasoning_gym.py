@@ -29,7 +29,7 @@ import secrets
 import sysconfig
 from typing import Any
 
-from infra.sandbox.api import PROFILES, Limits, Profile
+from infra.sandbox.api import PROFILES, Limits, Profile, ro_mount
 from temper.verifiers.base import Verdict, Verifier
 from temper.verifiers.registry import register
 
@@ -131,7 +131,7 @@ class ReasoningGymVerifier(Verifier):
         pool = shared_pool(profile().name)
         token = secrets.token_hex(16)
         request = {"token": token, "task": task, "entry": entry, "completion": completion,
-                   "paths": list(pool.profile.ro_paths)}
+                   "paths": [ro_mount(p) for p in pool.profile.ro_paths]}
         limits = Limits(wall_s=float(self.params.get("timeout_s", 15)), cpu_s=int(self.params.get("timeout_s", 15)),
                         memory_mb=int(self.params.get("memory_mb", 2048)), nproc=8)
         kwargs = dict(files={SCORER_FILE: SCORER}, limits=limits, stdin=(json.dumps(request) + "\n").encode())
