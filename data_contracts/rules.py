@@ -96,3 +96,14 @@ def valid_bash(value: Any, _other: Any = None) -> bool:
         return True
     except ValueError:
         return False
+
+
+@rule("reasoning_gym_entry")
+def reasoning_gym_entry(entry: Any, task: Any) -> bool:
+    """A reasoning-gym row keeps the generator's own entry: question, answer, metadata naming its task."""
+    try:
+        e = json.loads(entry)
+    except (TypeError, ValueError):
+        return False
+    return (isinstance(e, dict) and isinstance(e.get("question"), str) and "answer" in e
+            and isinstance(e.get("metadata"), dict) and e["metadata"].get("source_dataset") == task)

@@ -39,6 +39,7 @@ def resolve_domains(patterns: list[str] | None, catalog_dir: str | None = None) 
     from temper.catalog import load_catalog, select_domains
     from temper.datasets import dataset_digest
     from temper.errors import DatasetError
+    from temper.packs import contract_for
     from temper.settings import get_settings
 
     settings = get_settings()
@@ -50,7 +51,7 @@ def resolve_domains(patterns: list[str] | None, catalog_dir: str | None = None) 
             digest = dataset_digest(d, settings)
         except DatasetError:
             digest = None
-        c = contracts.get(d.contract)
+        c = contract_for(d, contracts)
         refs.append(DomainRef(d.name, digest, config_hash(c) if c else "missing", d, c, d.role))
     return refs
 

@@ -11,9 +11,9 @@ import fnmatch
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator, model_validator
 
-from temper.config_files import load_config
+from temper.config_files import load_config, parse_config, read_yaml
 from temper.errors import CatalogError
 
 
@@ -83,6 +83,11 @@ class Domain(BaseModel):
         "'train': trained on, not in the default eval suite; 'both': either.",
     )
     source_file: str | None = Field(default=None, exclude=True, description="YAML file it came from.")
+    # Set by temper.packs for domains a pack expanded: the pack's name and digest, and the contract
+    # built from the pack's template (temper.packs.contract_for). None for single-file domains.
+    _pack: str | None = PrivateAttr(default=None)
+    _pack_digest: str | None = PrivateAttr(default=None)
+    _contract: Any = PrivateAttr(default=None)
 
     @field_validator("verifier")
     @classmethod
@@ -123,18 +128,29 @@ def load_domain(path: Path) -> Domain:
 
 
 def load_catalog(directory: Path | str) -> dict[str, Domain]:
-    """Load every ``*.yaml`` under ``directory`` (recursively), keyed by domain name."""
+    """Load every ``*.yaml`` under ``directory`` (recursively), keyed by domain name.
+
+    A file with a top-level ``pack:`` key is a domain pack and adds every domain it expands to
+    (``temper.packs``); a name defined twice, by files or packs, is an error naming both.
+    """
+    from temper.packs import expand_pack, is_pack_file
+
     directory = Path(directory)
     if not directory.is_dir():
         raise CatalogError(f"catalog directory {directory} does not exist")
     domains: dict[str, Domain] = {}
     for path in sorted(directory.rglob("*.yaml")):
-        domain = load_domain(path)
-        if domain.name in domains:
-            raise CatalogError(
-                f"{path}: domain name {domain.name!r} already defined in {domains[domain.name].source_file}"
-            )
-        domains[domain.name] = domain
+        raw = read_yaml(path, CatalogError, "domain")
+        if is_pack_file(raw):
+            found = expand_pack(path, raw)
+        else:
+            found = [parse_config(raw, Domain, path, CatalogError, "domain")]
+        for domain in found:
+            if domain.name in domains:
+                what = f"task {domain.dataset.generator_params.get('task')!r} expands to " if domain._pack else ""
+                raise CatalogError(f"{path}: {what}domain name {domain.name!r} already defined in "
+                                   f"{domains[domain.name].source_file}")
+            domains[domain.name] = domain
     if not domains:
         raise CatalogError(f"catalog directory {directory} holds no *.yaml domain files")
     return domains

@@ -18,6 +18,7 @@ COMMAND_GROUPS = (
     "demo",
     "up",
     "data",
+    "domains",
     "lineage",
     "model",
     "models",

@@ -204,6 +204,30 @@ def shell_tasks(rows: int, seed: int = 0, eval_fraction: float = 0.1) -> pd.Data
     return _frame("sh", rows, seed, eval_fraction, make)
 
 
+@generator("reasoning_gym")
+def reasoning_gym(rows: int, seed: int = 0, eval_fraction: float = 0.1, task: str = "", tier: str = "default",
+                  name: str = "") -> pd.DataFrame:
+    """One reasoning_gym pack domain (temper.packs), generated in a worker with a pinned hash seed.
+
+    `temper data generate` generates pack domains in bulk instead (temper.pack_data: parallel,
+    cached, contract-checked); this is the one-domain path every other caller gets.
+    """
+    import tempfile
+    from pathlib import Path
+
+    from temper.datasets import parse_dataset
+    from temper.errors import DatasetError
+    from temper.packs_reasoning_gym import generate_many
+
+    with tempfile.TemporaryDirectory(prefix="temper-rg-") as tmp:
+        out = str(Path(tmp) / "rows.jsonl")
+        reply = generate_many([{"domain": name, "task": task, "tier": tier, "rows": rows, "seed": seed,
+                                "eval_fraction": eval_fraction, "out": out}], processes=1)[name]
+        if not reply["ok"]:
+            raise DatasetError(f"reasoning_gym {task} tier {tier}: generation failed: {reply['error']}")
+        return parse_dataset(Path(out).read_bytes(), "jsonl", out)
+
+
 def generate(name: str, rows: int, seed: int, eval_fraction: float, params: dict[str, Any]) -> pd.DataFrame:
     from temper.errors import DatasetError
 

@@ -23,6 +23,7 @@ from infra.storage import join, put_dir
 from temper.catalog import Domain
 from temper.datasets import load_dataset
 from temper.errors import DatasetError
+from temper.packs import contract_for
 from temper.settings import Settings, get_settings
 
 
@@ -95,7 +96,7 @@ def validate_domains(domains: list[Domain], settings: Settings | None = None, *,
     if workers is None:
         workers = min(os.cpu_count() or 1, len(domains) // PARALLEL_MIN_DOMAINS)
     workers = max(1, min(workers, len(domains)))
-    pairs = [(d, contracts.get(d.contract)) for d in domains]
+    pairs = [(d, contract_for(d, contracts)) for d in domains]
     if workers == 1:
         reports = _validate_chunk(pairs, settings, docs_local if build_docs else None, progress)
         parts = [docs_local] if build_docs else []

@@ -59,6 +59,12 @@ class Profile(BaseModel):
     limits: Limits
     code_file: str = Field(description="File the code of a code request is written to, in the work dir.")
     code_argv: list[str] = Field(description="Command that runs code_file.")
+    ro_paths: tuple[str, ...] = Field(default=(), description="Host directories bound read-only under /opt/ro "
+                                      "(see ro_mount) in every run and put on the fork server's sys.path, e.g. "
+                                      "a site-packages whose library the runs use.")
+    preload: str | None = Field(default=None, description="Python source the fork server runs once before it "
+                                "serves (module __temper_preload__), so what every run needs (a big import) "
+                                "is paid per warm box, not per run.")
 
 
 PROFILES: dict[str, Profile] = {
@@ -68,6 +74,11 @@ PROFILES: dict[str, Profile] = {
     "shell": Profile(name="shell", limits=Limits(wall_s=20, cpu_s=20, memory_mb=1024, nproc=128),
                      code_file="main.sh", code_argv=["bash", "main.sh"]),
 }
+
+
+def ro_mount(host_path: str) -> str:
+    """Where a profile's read-only host directory appears inside the sandbox (never under /work)."""
+    return "/opt/ro/" + host_path.strip("/")
 
 
 def get_profile(name: str) -> Profile:

@@ -30,7 +30,7 @@ import weakref
 from collections.abc import Mapping
 from pathlib import Path
 
-from infra.sandbox.api import Limits, Profile, Result, SandboxError, safe_relpath
+from infra.sandbox.api import Limits, Profile, Result, SandboxError, ro_mount, safe_relpath
 from infra.sandbox import seccomp
 from infra.sandbox.cgroups import BoxCgroup, Cgroups
 from infra.sandbox.forkserver import ForkServer, can_serve
@@ -98,7 +98,8 @@ class BwrapBackend:
             self._finalizer()
 
     def bwrap_argv(self, work: Path, argv: list[str], limits: Limits, env: Mapping[str, str],
-                   stats_fd: int | None = None, seccomp_fd: int | None = None) -> list[str]:
+                   stats_fd: int | None = None, seccomp_fd: int | None = None,
+                   ro_paths: tuple[str, ...] = ()) -> list[str]:
         cmd = ["bwrap", "--unshare-all", "--die-with-parent", "--new-session", "--cap-drop", "ALL",
                "--uid", str(self.uid), "--gid", str(self.gid), "--hostname", "sandbox",
                "--ro-bind", "/usr", "/usr"]
@@ -113,6 +114,8 @@ class BwrapBackend:
                 cmd += ["--ro-bind", f"/{name}", f"/{name}"]
         for flag, src, dst in self._etc:
             cmd += [flag, src, dst]
+        for path in ro_paths:  # the profile's read-only library dirs (e.g. a venv's site-packages)
+            cmd += ["--ro-bind", path, ro_mount(path)]
         tmp_bytes = str(limits.tmp_mb << 20)
         cmd += ["--proc", "/proc", "--dev", "/dev", "--size", tmp_bytes, "--tmpfs", "/tmp",
                 "--size", tmp_bytes, "--tmpfs", "/dev/shm", "--bind", str(work), WORK, "--remount-ro", "/",
@@ -246,7 +249,8 @@ class BwrapBox:
                 filter_fd, filter_w = os.pipe()
                 os.write(filter_w, self.backend.seccomp)  # < 1 KiB: fits in the empty pipe
                 os.close(filter_w)
-            cmd = self.backend.bwrap_argv(self.work, list(argv), limits, env, stats_fd=write_fd, seccomp_fd=filter_fd)
+            cmd = self.backend.bwrap_argv(self.work, list(argv), limits, env, stats_fd=write_fd, seccomp_fd=filter_fd,
+                                          ro_paths=self.profile.ro_paths)
             fds = tuple(fd for fd in (write_fd, pass_fd, filter_fd) if fd is not None)
             self._budget(limits)
             enter = self.cgroup.enter_argv() if self.cgroup is not None else []
@@ -271,7 +275,9 @@ class BwrapBox:
         if self._server is not None and not self._server.alive():
             self._drop_warm()
         if self._server is None and not self.closed and self.profile.code_argv[0] == "python3":
-            self._server = ForkServer(lambda argv, fd: self._spawn(argv, self.profile.limits, {}, fd, usage=False)[0])
+            self._server = ForkServer(lambda argv, fd: self._spawn(argv, self.profile.limits, {}, fd, usage=False)[0],
+                                      paths=tuple(ro_mount(p) for p in self.profile.ro_paths),
+                                      preload=self.profile.preload)
 
     def _drop_warm(self) -> None:
         if self._server is not None:

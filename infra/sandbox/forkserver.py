@@ -19,12 +19,17 @@ takes the whole sandbox down with it (the host kills its process group); the box
 one before its next run.
 
 Differences from a fresh interpreter, on purpose: modules the server imported (os, sys,
-socket, resource, array, ctypes, shutil and their dependencies) are already in sys.modules.
+socket, resource, array, ctypes, shutil, json and their dependencies) are already in sys.modules.
+A profile may add ``paths`` (appended to sys.path) and ``preload``: Python source the server runs
+once before serving, as module ``__temper_preload__`` (the reasoning_gym profile imports
+reasoning_gym and builds its scorers there: ~4 s once per box instead of per answer). A preload
+that fails ends the server, so runs go cold and see the same failure themselves.
 """
 
 from __future__ import annotations
 
 import array
+import json
 import os
 import signal
 import socket
@@ -36,10 +41,16 @@ from infra.sandbox.api import Limits, Result
 from infra.sandbox.process import collect, finish
 
 SERVER = r"""
-import array, ctypes, os, resource, shutil, socket, sys, time
+import array, ctypes, json, os, resource, shutil, socket, sys, time
 _libc = ctypes.CDLL(None, use_errno=True)
 _libc.prctl(4, 0, 0, 0, 0)  # PR_SET_DUMPABLE 0: runs cannot ptrace this process or open its /proc/pid/mem
 _ctl = socket.socket(fileno=int(sys.argv[1]))
+_boot = json.loads(sys.argv[2]) if len(sys.argv) > 2 else {}
+sys.path.extend(p for p in _boot.get("paths", ()) if p not in sys.path)
+if _boot.get("preload"):
+    _pre = sys.modules["__temper_preload__"] = type(sys)("__temper_preload__")
+    exec(compile(_boot["preload"], "<preload>", "exec"), _pre.__dict__)
+_ctl.send(b"ready")  # the host starts a run's clock only after this: a slow preload is not the run's time
 _NAMES = ("RLIMIT_AS", "RLIMIT_CPU", "RLIMIT_NPROC", "RLIMIT_FSIZE", "RLIMIT_NOFILE")
 
 
@@ -201,20 +212,40 @@ def _write_all(fd: int, data: bytes) -> None:
 class ForkServer:
     """Host side of one sandbox running SERVER; ``run`` is one program, ``close`` ends the sandbox."""
 
-    def __init__(self, spawn) -> None:
-        """``spawn(argv, pass_fd)`` starts argv in the box's sandbox with pass_fd inherited."""
+    def __init__(self, spawn, paths: tuple[str, ...] = (), preload: str | None = None) -> None:
+        """``spawn(argv, pass_fd)`` starts argv in the box's sandbox with pass_fd inherited;
+        ``paths`` and ``preload`` as in the module docstring."""
         self.ctl, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        argv = ["python3", "-I", "-c", SERVER, str(theirs.fileno())]
+        if paths or preload:
+            argv.append(json.dumps({"paths": list(paths), "preload": preload}))
         try:
-            self.proc = spawn(["python3", "-I", "-c", SERVER, str(theirs.fileno())], theirs.fileno())
+            self.proc = spawn(argv, theirs.fileno())
         finally:
             theirs.close()
         self.proc.stdin.close()
+        self.ready = False
+
+    def _wait_ready(self, timeout_s: float = 300.0) -> bool:
+        """Block until the server has run its preload and said so; False if it died or took too long."""
+        if not self.ready:
+            self.ctl.settimeout(timeout_s)
+            try:
+                self.ready = self.ctl.recv(16) == b"ready"
+            except OSError:
+                self.ready = False
+            finally:
+                self.ctl.settimeout(None)
+        return self.ready
 
     def alive(self) -> bool:
         return self.proc.poll() is None
 
     def run(self, argv: list[str], limits: Limits, stdin: bytes | None) -> Result | None:
         """Run one program; None when the server was already gone (the caller runs it cold)."""
+        if not self._wait_ready():
+            self.close()
+            return None
         start = time.monotonic()
         in_r, in_w = os.pipe()
         out_r, out_w = os.pipe()

@@ -1,4 +1,8 @@
-"""`temper verify --verifier NAME [--params JSON] RECORDS.jsonl`: score completions offline.
+"""`temper verify (--verifier NAME [--params JSON] | --domain NAME) RECORDS.jsonl`: score completions offline.
+
+``--domain`` takes the verifier family and params from that catalog domain (pack domains too),
+the same ``get_verifier(domain.verifier.family, domain.verifier.params)`` that training and eval
+build, and also prints ``weighted_reward`` (times the domain's ``reward_weight``, what GRPO uses).
 
 Each input line is a dataset record plus the completion to judge (``--completion-field``,
 default ``completion``; ``--reference`` judges the record's own gold ``reference``, a quick
@@ -45,20 +49,41 @@ async def _score_all(verifier, records: list[dict], completions: list[str], conc
     return await asyncio.gather(*(one(r, c) for r, c in zip(records, completions)))
 
 
+def _domain_verifier(args):
+    """The verifier training and eval build for ``--domain`` (and the domain's reward weight)."""
+    from temper.catalog import load_catalog
+    from temper.errors import CatalogError, TemperError
+    from temper.settings import get_settings
+    from temper.verifiers import get_verifier
+
+    if args.params:
+        raise TemperError("--params goes with --verifier; --domain uses the domain's own params")
+    catalog = load_catalog(args.catalog or get_settings().catalog_dir)
+    if args.domain not in catalog:
+        raise CatalogError(f"--domain {args.domain}: no such domain in the catalog ({len(catalog)} domains; "
+                           "see `temper domains list`)")
+    d = catalog[args.domain]
+    return get_verifier(d.verifier.family, d.verifier.params), d.reward_weight
+
+
 def verify(args) -> int:
     from temper.errors import TemperError
     from temper.verifiers import get_verifier
 
-    try:
-        params = json.loads(args.params) if args.params else {}
-    except ValueError as e:
-        raise TemperError(f"--params: not JSON ({e.msg}): {args.params!r}") from None
-    if not isinstance(params, dict):
-        raise TemperError(f"--params: expected a JSON object, got {type(params).__name__}")
-    try:
-        verifier = get_verifier(args.verifier, params)
-    except (KeyError, TypeError, ValueError) as e:
-        raise TemperError(f"--verifier {args.verifier}: {e.args[0] if e.args else e}") from None
+    weight = None
+    if args.domain:
+        verifier, weight = _domain_verifier(args)
+    else:
+        try:
+            params = json.loads(args.params) if args.params else {}
+        except ValueError as e:
+            raise TemperError(f"--params: not JSON ({e.msg}): {args.params!r}") from None
+        if not isinstance(params, dict):
+            raise TemperError(f"--params: expected a JSON object, got {type(params).__name__}")
+        try:
+            verifier = get_verifier(args.verifier, params)
+        except (KeyError, TypeError, ValueError) as e:
+            raise TemperError(f"--verifier {args.verifier}: {e.args[0] if e.args else e}") from None
     records = _records(args.records)
     field = "reference" if args.reference else args.completion_field
     missing = [i for i, r in enumerate(records, 1) if not isinstance(r.get(field), str)]
@@ -69,6 +94,8 @@ def verify(args) -> int:
     for i, (rec, v) in enumerate(zip(records, verdicts)):
         row = {"id": rec.get("id", i), "reward": None if v is None else v.reward,
                "details": None if v is None else v.details}
+        if weight is not None:
+            row["weighted_reward"] = None if v is None else v.reward * weight
         print(json.dumps(row, default=str))
         if v is not None:
             rewards.append(v.reward)
@@ -80,8 +107,11 @@ def verify(args) -> int:
 
 
 def register(subparsers) -> None:
-    p = subparsers.add_parser("verify", help="score completions in a JSONL file with a verifier family")
-    p.add_argument("--verifier", required=True, metavar="NAME", help="verifier family (numeric, code_tests, ...)")
+    p = subparsers.add_parser("verify", help="score completions in a JSONL file with a verifier family or a domain's verifier")
+    which = p.add_mutually_exclusive_group(required=True)
+    which.add_argument("--verifier", metavar="NAME", help="verifier family (numeric, code_tests, ...)")
+    which.add_argument("--domain", metavar="NAME", help="a catalog domain: its own verifier family and params")
+    p.add_argument("--catalog", type=Path, default=None, help="domain catalog directory for --domain (default: settings)")
     p.add_argument("--params", default=None, metavar="JSON", help="family parameters as a JSON object")
     p.add_argument("--completion-field", default="completion", help="field holding the completion to judge")
     p.add_argument("--reference", action="store_true", help="judge each record's own 'reference' field")

@@ -1,0 +1,42 @@
+"""`temper domains list [--pack NAME] [--json]`: the catalog as the platform sees it, packs expanded."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+
+def list_domains(args) -> int:
+    from temper.catalog import load_catalog
+    from temper.errors import CatalogError
+    from temper.packs import describe
+    from temper.settings import get_settings
+
+    catalog = load_catalog(args.catalog or get_settings().catalog_dir)
+    domains = [catalog[n] for n in sorted(catalog)]
+    if args.pack:
+        domains = [d for d in domains if d._pack == args.pack]
+        if not domains:
+            packs = sorted({d._pack for d in catalog.values() if d._pack})
+            raise CatalogError(f"--pack {args.pack}: no such pack; packs: {', '.join(packs) or 'none'}")
+    rows = describe(domains)
+    if args.json:
+        print(json.dumps(rows, indent=1))
+        return 0
+    width = max(len(r["name"]) for r in rows)
+    print(f"{'name':<{width}}  {'source':<18} {'family':<15} {'rows':>6} {'ratio':>7}")
+    for r in rows:
+        print(f"{r['name']:<{width}}  {str(r['source'])[:18]:<18} {r['family']:<15} {r['rows']:>6} {r['ratio']:>7g}")
+    n_packs = len({r["pack"] for r in rows if r["pack"]})
+    print(f"{len(rows)} domains ({sum(1 for r in rows if r['pack'])} from {n_packs} pack(s))")
+    return 0
+
+
+def register(sub) -> None:
+    p = sub.add_parser("domains", help="the domain catalog (packs expanded)")
+    s = p.add_subparsers(dest="domains_command", required=True, metavar="SUBCOMMAND")
+    ls = s.add_parser("list", help="every domain: name, source, verifier family, rows, sampling ratio")
+    ls.add_argument("--catalog", type=Path, default=None, help="domain catalog directory (default: settings)")
+    ls.add_argument("--pack", default=None, metavar="NAME", help="only the domains this pack expands to")
+    ls.add_argument("--json", action="store_true", help="print JSON rows (name, pack, source, family, rows, ratio, share)")
+    ls.set_defaults(func=list_domains)

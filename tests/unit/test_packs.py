@@ -1,0 +1,146 @@
+"""Domain packs: expansion of the shipped reasoning-gym pack, its speed, and bad pack input."""
+
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from temper.catalog import load_catalog
+from temper.errors import CatalogError
+from temper.packs import contract_for
+
+REPO = Path(__file__).resolve().parents[2]
+PACK = yaml.safe_load((REPO / "domains" / "packs" / "reasoning_gym.yaml").read_text())
+
+
+def write(d: Path, name: str, data) -> Path:
+    d.mkdir(parents=True, exist_ok=True)
+    p = d / f"{name}.yaml"
+    p.write_text(yaml.safe_dump(data))
+    return p
+
+
+def small(**over):
+    return {**PACK, "tasks": ["leg_counting", "basic_arithmetic"], **over}
+
+
+def test_shipped_pack_expands_to_at_least_300_valid_domains():
+    catalog = load_catalog(REPO / "domains")
+    packed = [d for d in catalog.values() if d._pack == "rg"]
+    assert len(packed) >= 300
+    for d in packed:
+        assert d.name == f"rg-{d.dataset.generator_params['task']}-{d.dataset.generator_params['tier']}"
+        assert d.verifier.family == "reasoning_gym" and d.dataset.generator == "reasoning_gym"
+        contract = contract_for(d, {})
+        assert contract.name == d.name == d.contract and contract.min_rows == d.dataset.rows
+        assert contract.columns["task"].allowed == [d.dataset.generator_params["task"]]
+        assert d.dataset_uri("/s") == f"/s/datasets/packs/rg/{d.name}.jsonl"
+    names = {d.name for d in packed}
+    assert "rg-leg_counting-easy" in names and "rg-leg_counting-expert" in names
+    # excluded tasks and tiers stay out, each with its reason in the pack
+    for key in PACK["exclude"]:
+        task, _, tier = key.partition(":")
+        assert not any(n.startswith(f"rg-{task}-") and (not tier or n.endswith(f"-{tier}")) for n in names), key
+    # single-file domains are untouched by the expansion
+    assert catalog["arithmetic"]._pack is None and contract_for(catalog["arithmetic"], {"arithmetic": 1}) == 1
+
+
+def test_catalog_load_is_fast_and_never_imports_reasoning_gym():
+    # CPU time, not wall: the 2-core machine is shared, and waiting for a core is not the catalog's cost
+    code = ("import sys, time; from temper.catalog import load_catalog; "
+            "c = load_catalog('domains'); print(len(c), time.process_time(), 'reasoning_gym' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, check=True,
+                         env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin"}).stdout.split()
+    n, seconds, imported = int(out[0]), float(out[1]), out[2]
+    assert n >= 300 and imported == "False"
+    assert seconds < 2.0, f"catalog of {n} domains took {seconds:.2f} CPU-s (interpreter start and imports included)"
+    t = time.process_time()
+    load_catalog(REPO / "domains")  # warm: the expansion itself
+    assert time.process_time() - t < 1.0
+
+
+def test_overrides_and_tier_filtering(tmp_path):
+    write(tmp_path, "p", small(tiers=["easy", "hard"], overrides={"leg_counting": {"rows": 50, "sampling_ratio": 0.5}}))
+    cat = load_catalog(tmp_path)
+    assert sorted(cat) == ["rg-basic_arithmetic-easy", "rg-basic_arithmetic-hard", "rg-leg_counting-easy",
+                           "rg-leg_counting-hard"]
+    assert cat["rg-leg_counting-easy"].dataset.rows == 50 and cat["rg-leg_counting-easy"].sampling_ratio == 0.5
+    assert contract_for(cat["rg-leg_counting-easy"], {}).max_rows == 50
+
+
+def test_task_without_levels_gets_its_default_tier(tmp_path):
+    write(tmp_path, "p", small(tasks=["gsm_symbolic"]))
+    assert sorted(load_catalog(tmp_path)) == ["rg-gsm_symbolic-default"]
+
+
+@pytest.mark.parametrize("over, message", [
+    ({"tasks": ["leg_countin"]}, r"p\.yaml: task 'leg_countin': field 'tasks': reasoning_gym 0\.1\.25 has no such task"),
+    ({"tiers": ["easy", "legendary"]}, r"p\.yaml: field 'tiers': unknown tier 'legendary'"),
+    ({"exclude": {"leg_counting": ""}}, r"p\.yaml: field 'exclude': .*needs its reason.*leg_counting"),
+    ({"exclude": {"nonsense:easy": "x"}}, r"p\.yaml: task 'nonsense': field 'exclude'"),
+    ({"overrides": {"leg_counting": {"tiers": ["default"]}}},
+     r"p\.yaml: task 'leg_counting': field 'overrides\.leg_counting\.tiers': no tier 'default'"),
+    ({"source_version": "0.1.19"}, r"p\.yaml: field 'source_version': pack is for reasoning_gym 0\.1\.19, installed is 0\.1\.25"),
+    ({"source": "gym"}, r"p\.yaml: field 'source': .*unknown pack source 'gym'"),
+    ({"rows": 5}, r"p\.yaml: field 'rows'"),
+    ({"name_template": "rg-{task}-{level}"}, r"p\.yaml: field 'name_template': unknown placeholder \{level\}"),
+    ({"name_template": "RG-{task}-{tier}"}, r"p\.yaml: task 'leg_counting' tier 'easy': field 'name'"),
+    ({"verifier": {"family": "telepathy"}}, r"field 'verifier'.*unknown verifier family"),
+    ({"contract_template": "nope"}, r"p\.yaml: field 'contract_template': no template"),
+])
+def test_bad_pack_input_names_file_task_and_field(tmp_path, over, message):
+    write(tmp_path, "p", small(**over))
+    with pytest.raises(CatalogError, match=message):
+        load_catalog(tmp_path)
+
+
+def test_two_packs_expanding_to_the_same_name_are_rejected(tmp_path):
+    write(tmp_path, "a", small())
+    write(tmp_path, "b", small(pack="rg2", tasks=["leg_counting"]))
+    with pytest.raises(CatalogError, match=r"b\.yaml: task 'leg_counting' expands to domain name "
+                                           r"'rg-leg_counting-easy' already defined in .*a\.yaml"):
+        load_catalog(tmp_path)
+
+
+def test_a_domain_file_clashing_with_a_pack_domain_is_rejected(tmp_path):
+    single = yaml.safe_load((REPO / "domains" / "arithmetic.yaml").read_text())
+    write(tmp_path, "a_single", {**single, "name": "rg-leg_counting-easy"})
+    write(tmp_path, "b_pack", small())
+    with pytest.raises(CatalogError, match=r"b_pack\.yaml: task 'leg_counting' expands to domain name"):
+        load_catalog(tmp_path)
+
+
+def test_bad_contract_template_names_pack_task_and_field(tmp_path, monkeypatch):
+    from temper.settings import get_settings
+
+    contracts = tmp_path / "contracts"
+    (contracts / "templates").mkdir(parents=True)
+    tpl = yaml.safe_load((REPO / "data_contracts" / "templates" / "reasoning_gym.yaml").read_text())
+    tpl["min_rows"] = "many"
+    (contracts / "templates" / "reasoning_gym.yaml").write_text(yaml.safe_dump(tpl))
+    monkeypatch.setenv("TEMPER_CONTRACTS_DIR", str(contracts))
+    get_settings.cache_clear()
+    try:
+        write(tmp_path / "cat", "p", small())
+        with pytest.raises(CatalogError, match=r"p\.yaml: task 'leg_counting' tier 'easy': contract template "
+                                               r"'reasoning_gym': field 'min_rows'"):
+            load_catalog(tmp_path / "cat")
+    finally:
+        get_settings.cache_clear()
+
+
+def test_domains_list_cli_json_and_pack_filter():
+    run = lambda *a: subprocess.run([sys.executable, "-m", "temper.cli", "domains", "list", *a], cwd=REPO,
+                                    capture_output=True, text=True, env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin"})
+    rows = json.loads(run("--pack", "rg", "--json").stdout)
+    assert len(rows) >= 300 and {r["pack"] for r in rows} == {"rg"}
+    leg = next(r for r in rows if r["name"] == "rg-leg_counting-easy")
+    assert leg == {**leg, "source": "reasoning_gym", "family": "reasoning_gym", "rows": PACK["rows"], "ratio": 1.0}
+    everything = json.loads(run("--json").stdout)
+    assert len(everything) > len(rows) and abs(sum(r["share"] for r in everything) - 1) < 1e-3
+    bad = run("--pack", "nope")
+    assert bad.returncode == 1 and "--pack nope: no such pack; packs: rg" in bad.stderr
