@@ -48,14 +48,14 @@ CASES = {
     "doc_qa_text_partial": ("text", "doc_qa", {"partial": True},
                             {"document": "ACME Corp paid the invoice.\nTotal 1250 EUR.", "question": "Who paid?",
                              "answer": "ACME Corp"}, "{document}\nQuestion: {question}\nAnswer:", "ACME Corp"),
-    "code_tests_humaneval": ("code", "code_tests", {"timeout_s": 10}, _he(0), "{prompt}", None),
+    "code_tests_humaneval": ("code", "code_tests", {"timeout_s": 3}, _he(0), "{prompt}", None),
     # HumanEval/33: its check compares candidate with sort_third itself; HumanEval/2 has `assert True`-like cases
-    "code_tests_humaneval_partial": ("code", "code_tests", {"timeout_s": 10, "partial": True}, _he(33), "{prompt}", None),
-    "code_tests_starter": ("code", "code_tests", {"timeout_s": 10, "partial": True}, _gen("python_functions"), "{prompt}", None),
-    "terminal_output_mode": ("shell", "terminal", {"timeout_s": 10, "mode": "output"},
+    "code_tests_humaneval_partial": ("code", "code_tests", {"timeout_s": 3, "partial": True}, _he(33), "{prompt}", None),
+    "code_tests_starter": ("code", "code_tests", {"timeout_s": 3, "partial": True}, _gen("python_functions"), "{prompt}", None),
+    "terminal_output_mode": ("shell", "terminal", {"timeout_s": 5, "mode": "output"},
                              nl2bash_records([("Count the error lines in logs/app.log", "grep -c error logs/app.log")])[0],
                              "Task: {instruction}\nCommands:", None),
-    "terminal": ("shell", "terminal", {"timeout_s": 10}, _gen("shell_tasks"), CATALOG["shell_tasks"].prompt_template, None),
+    "terminal": ("shell", "terminal", {"timeout_s": 5}, _gen("shell_tasks"), CATALOG["shell_tasks"].prompt_template, None),
 }
 
 STEAL = r"""    pass
