@@ -150,11 +150,11 @@ def test_retrain_on_changed_data_registers_a_gated_version_then_rests(flow_env, 
     from temper.data.catalog import load_catalog
     from temper.data.datasets import DATASET_LISTENERS, read_dataset, write_dataset
     from temper.gate import PromotionPolicy
-    from temper.lifecycle.params import EvalSettings, GRPOSettings, RetrainParams, SFTSettings
+    from temper.lifecycle.params import EvalSettings, GRPOSettings, RetrainParams, SFTStage
     from temper.core.settings import get_settings
 
     name = "temper-retrain"
-    tiny = dict(model_name=name, sft=SFTSettings(enabled=False), grpo=GRPOSettings(max_steps=2),
+    tiny = dict(model_name=name, sft=SFTStage(enabled=False), grpo=GRPOSettings(max_steps=2),
                 eval=EvalSettings(limit=8))
     first = post_training(_small_params(**tiny))
     assert first["registered"]["alias"] == "champion"
