@@ -32,10 +32,10 @@ def make_catalog(root: Path, n: int) -> Path:
 
 
 def bench_domains(sizes: list[int]) -> list[tuple]:
-    from temper.catalog import load_catalog
-    from temper.datasets import generate_domain_dataset
-    from temper.settings import get_settings
-    from temper.validation import validate_domains
+    from temper.data.catalog import load_catalog
+    from temper.data.generators import generate_domain_dataset
+    from temper.core.settings import get_settings
+    from temper.data.validation import validate_domains
 
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
@@ -79,7 +79,7 @@ def pandas_checks(df) -> dict[str, int]:
 def bench_large(rows: int = 100_000) -> tuple[float, float]:
     from data_contracts.model import load_contracts
     from data_contracts.runner import GXRunner
-    from temper.generators import generate
+    from temper.data.generators import generate
 
     df = generate("arithmetic", rows, 0, 0.1, {"max_operand": 9, "ops": "+-"})
     contract = load_contracts(REPO / "data_contracts")["arithmetic"]

@@ -87,16 +87,16 @@ def timed(fn, *args, **kwargs):
 
 
 def bench_catalog(cat: Path) -> float:
-    from temper.catalog import load_catalog
+    from temper.data.catalog import load_catalog
 
     return statistics.median(timed(load_catalog, cat)[0] for _ in range(3))
 
 
 def bench_validation(domains) -> tuple[float, float]:
     from data_contracts.model import load_contracts
-    from temper.datasets import load_dataset
-    from temper.settings import get_settings
-    from temper.validation import validate_domains
+    from temper.data.datasets import load_dataset
+    from temper.core.settings import get_settings
+    from temper.data.validation import validate_domains
 
     settings = get_settings()
     gx_s, summary = timed(validate_domains, domains, build_docs=False)
@@ -113,8 +113,8 @@ def bench_validation(domains) -> tuple[float, float]:
 
 def bench_flow_validate(cat: Path) -> float:
     from flows.validate_data import validate_data
-    from temper.lifecycle import ValidateParams
-    from temper.settings import get_settings
+    from temper.lifecycle.params.params import ValidateParams
+    from temper.core.settings import get_settings
 
     os.environ["TEMPER_CATALOG_DIR"] = str(cat)
     get_settings.cache_clear()
@@ -132,8 +132,8 @@ def bench_eval(cat: Path, names: list[str], model: str, per_process: bool) -> tu
     from prefect import flow
 
     from tasks.evaluation import evaluate
-    from temper.lifecycle import EvalSettings
-    from temper.settings import get_settings
+    from temper.lifecycle.params.params import EvalSettings
+    from temper.core.settings import get_settings
 
     os.environ["TEMPER_CATALOG_DIR"] = str(cat)
     get_settings.cache_clear()
@@ -198,8 +198,8 @@ def main() -> None:
     root = embedded_workspace("temper-scale-")
     from prefect.testing.utilities import prefect_test_harness
 
-    from temper.catalog import load_catalog
-    from temper.datasets import generate_domain_dataset
+    from temper.data.catalog import load_catalog
+    from temper.data.generators import generate_domain_dataset
     from temper.training.tiny import init_tiny
 
     model = str(init_tiny(root / "tiny"))

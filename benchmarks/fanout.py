@@ -1,7 +1,7 @@
 """Orchestration overhead of the validate + eval fan-out: 10/100/300 generated tiny domains.
 
 For each N, N tiny domains (copies of domains/arithmetic.yaml with distinct names, 20 rows,
-datasets written by ``temper.datasets.generate_domain_dataset``, guarded by the shipped
+datasets written by ``temper.data.generators.generate_domain_dataset``, guarded by the shipped
 arithmetic contract) go into their own temp catalog, under a temp TEMPER_HOME. Each fan-out is
 timed twice in the same run, on the same data:
 
@@ -57,7 +57,7 @@ CATALOG: dict = {}  # domain name -> Domain, loaded once per size (the eval-styl
 def passing_seed(base: dict, start: int) -> int:
     """First seed >= start whose ROWS-row dataset meets the contract's eval share (0.05-0.2): with
     20 random splits a seed can draw 5 eval rows, and the benchmark times passing validations."""
-    from temper.generators import generate
+    from temper.data.generators import generate
 
     ds = base["dataset"]
     for seed in range(start, start + 1000):
@@ -86,9 +86,9 @@ def score_domain(model_dir: str, domain_name: str, settings) -> dict:
     """The domain's eval split scored by its verifier, completions fixed to the references."""
     import asyncio
 
-    from temper.datasets import load_dataset
-    from temper.evaluation import summary
-    from temper.settings import get_settings
+    from temper.data.datasets import load_dataset
+    from temper.lifecycle.params.evaluation import summary
+    from temper.core.settings import get_settings
     from temper.verifiers import get_verifier
     from workloads.evaluate import _score_all
 
@@ -207,10 +207,10 @@ def run(sizes: list[int], tmp: Path) -> tuple[dict, dict, float]:
     from prefect.testing.utilities import prefect_test_harness
 
     from tasks.data import resolve_domains, validate_domain
-    from temper.catalog import load_catalog
-    from temper.datasets import generate_domain_dataset
-    from temper.lifecycle import EvalSettings
-    from temper.settings import get_settings
+    from temper.data.catalog import load_catalog
+    from temper.data.generators import generate_domain_dataset
+    from temper.lifecycle.params.params import EvalSettings
+    from temper.core.settings import get_settings
 
     get_settings.cache_clear()
     eval_settings = EvalSettings(limit=64)

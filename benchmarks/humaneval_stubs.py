@@ -18,7 +18,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from temper.formats.humaneval import load_humaneval  # noqa: E402
+from temper.data.formats.humaneval import load_humaneval  # noqa: E402
 from temper.verifiers import get_verifier  # noqa: E402
 
 COMPLETIONS = {"canonical": None, "pass": "    pass\n", "return None": "    return None\n", "return 0": "    return 0\n",

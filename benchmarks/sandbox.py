@@ -25,7 +25,7 @@ sys.path.insert(0, str(REPO))
 
 
 def programs(n: int) -> list[str]:
-    from temper.generators import generate
+    from temper.data.generators import generate
 
     recs = generate("python_functions", n, 7, 0.1, {}).to_dict(orient="records")
     return [f"{r['prompt']}{r['reference']}\n{r['test']}\ncheck({r['entry_point']})\n" for r in recs]

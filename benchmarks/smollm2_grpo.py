@@ -43,9 +43,10 @@ def main() -> None:
     root = embedded_workspace("temper-bench-smollm2-")
 
     from infra.launcher_local import run_job
-    from temper.catalog import load_catalog
-    from temper.datasets import generate_domain_dataset, load_dataset
-    from temper.settings import get_settings
+    from temper.data.catalog import load_catalog
+    from temper.data.datasets import load_dataset
+    from temper.data.generators import generate_domain_dataset
+    from temper.core.settings import get_settings
     from temper.training.gguf_base import import_gguf, packaged_gguf
     from temper.training.job import training_job
     from temper.training.rewards import greedy_mean_reward

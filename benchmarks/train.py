@@ -265,9 +265,9 @@ def main() -> None:
     t0 = time.perf_counter()
     root = embedded_workspace("temper-bench-train-")
 
-    from temper.catalog import load_catalog
-    from temper.datasets import generate_domain_dataset
-    from temper.settings import get_settings
+    from temper.data.catalog import load_catalog
+    from temper.data.generators import generate_domain_dataset
+    from temper.core.settings import get_settings
     from temper.training.config import load_config
     from temper.training.run import build_stream, load_domains
     from temper.training.tiny import init_tiny

@@ -7,8 +7,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from temper.config_files import load_config
-from temper.errors import ContractError
+from temper.core.config_files import load_config
+from temper.core.errors import ContractError
 
 ColumnType = Literal["str", "int", "float", "bool"]
 

@@ -17,7 +17,7 @@ import yaml
 from prefect.events import DeploymentTriggerTypes
 from pydantic import TypeAdapter, ValidationError
 
-from temper.errors import TemperError, describe_validation_error
+from temper.core.errors import TemperError, describe_validation_error
 
 REPO = Path(__file__).resolve().parent.parent
 PREFECT_YAML = REPO / "prefect.yaml"

@@ -19,7 +19,7 @@ from prefect.artifacts import create_markdown_artifact
 from prefect.runtime import flow_run
 
 from tasks.human_validation import calibrate, judge_domain, request_review, store_labels
-from temper.errors import TemperError
+from temper.core.errors import TemperError
 from temper.judges.review import HumanValidationParams, ReviewError
 
 __all__ = ["HumanValidationParams", "human_validation"]
@@ -41,8 +41,8 @@ def _summary_markdown(result: dict[str, Any]) -> str:
 
 @flow(name="human_validation", log_prints=True)
 def human_validation(params: HumanValidationParams = HumanValidationParams()) -> dict[str, Any]:
-    from temper.catalog import load_catalog, select_domains
-    from temper.settings import get_settings
+    from temper.data.catalog import load_catalog, select_domains
+    from temper.core.settings import get_settings
 
     logger = get_run_logger()
     run_id = flow_run.get_id() or "local"

@@ -11,9 +11,9 @@ from prefect.artifacts import create_markdown_artifact
 
 from tasks.data import resolve_domains, validate_domain
 from tasks.tracking import record_validation
-from temper.lifecycle import ValidateParams
-from temper.report import validation_markdown
-from temper.validation import validation_workers
+from temper.lifecycle.params.params import ValidateParams
+from temper.lifecycle.params.report import validation_markdown
+from temper.data.validation import validation_workers
 
 
 @flow(name="validate_data", log_prints=True)

@@ -17,8 +17,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from temper.errors import TrackingError
-from temper.settings import Settings, get_settings
+from temper.core.errors import TrackingError
+from temper.core.settings import Settings, get_settings
 
 # Tag keys, in one place.
 TAG_KIND = "temper.kind"  # lifecycle | stage
@@ -246,7 +246,6 @@ def use_experiment(experiment: str, settings: Settings | None = None) -> Any:
 
 def open_run(experiment: str, run_name: str, *, tags: dict[str, str] | None = None,
              parent_run_id: str | None = None) -> str:
-    import mlflow
     from mlflow.tracking import MlflowClient
 
     exp = use_experiment(experiment)

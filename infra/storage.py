@@ -10,8 +10,8 @@ from typing import Any
 
 import fsspec
 
-from temper.errors import StorageError
-from temper.settings import Settings, get_settings
+from temper.core.errors import StorageError
+from temper.core.settings import Settings, get_settings
 
 
 def storage_options(uri: str, settings: Settings | None = None) -> dict[str, Any]:

@@ -9,7 +9,7 @@ from prefect.context import TaskRunContext
 
 from data_contracts.model import Contract
 from data_contracts.runner import DomainReport
-from temper.catalog import Domain
+from temper.data.domain import Domain
 
 
 @dataclass(frozen=True)
@@ -36,11 +36,11 @@ def resolve_domains(patterns: list[str] | None, catalog_dir: str | None = None) 
     """Catalog -> selected domains with their current dataset digests (retried: the store may blip)."""
     from infra.lineage import config_hash
     from data_contracts.model import load_contracts
-    from temper.catalog import load_catalog, select_domains
-    from temper.datasets import dataset_digest
-    from temper.errors import DatasetError
-    from temper.packs import contract_for
-    from temper.settings import get_settings
+    from temper.data.catalog import load_catalog, select_domains
+    from temper.data.datasets import dataset_digest
+    from temper.core.errors import DatasetError
+    from temper.data.packs import contract_for
+    from temper.core.settings import get_settings
 
     settings = get_settings()
     domains = select_domains(load_catalog(catalog_dir or settings.catalog_dir), patterns)
@@ -62,8 +62,8 @@ def validate_domain(ref: DomainRef, workers: int = 1) -> DomainReport:
 
     ``workers``: processes shared by all of the flow's validation tasks (``validation_workers``).
     """
-    from temper.settings import get_settings
-    from temper.validation import shared_validator
+    from temper.core.settings import get_settings
+    from temper.data.validation import shared_validator
 
     return shared_validator(workers).validate(ref.domain, ref.contract, get_settings())
 
@@ -87,9 +87,9 @@ def calibration_gate(refs: list[DomainRef], mixing_weights: dict[str, float] | N
     No MLflow call at all when no selected domain is judge-scored.
     """
     from infra import lineage
-    from temper.catalog import load_catalog
+    from temper.data.catalog import load_catalog
     from temper.judges.calibration import CalibrationPolicy, apply_calibration_gate, calibration_status
-    from temper.settings import get_settings
+    from temper.core.settings import get_settings
 
     requested = dict(mixing_weights or {})
     catalog = load_catalog(catalog_dir or get_settings().catalog_dir)

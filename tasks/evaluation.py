@@ -13,7 +13,7 @@ from pathlib import Path
 from prefect import get_run_logger, task
 
 from infra.jobspec import JobSpec
-from temper.lifecycle import EvalSettings
+from temper.lifecycle.params.params import EvalSettings
 
 
 @task(retries=1, retry_delay_seconds=5, task_run_name="eval-{label}")
@@ -25,8 +25,8 @@ def evaluate(model_dir: str, domains: list[str], settings: EvalSettings, label: 
     each loading the model once and taking every shards-th domain (``workloads.evaluate``).
     """
     from infra.launcher_local import run_job
-    from temper.errors import TemperError
-    from temper.evaluation import record_eval, summary
+    from temper.core.errors import TemperError
+    from temper.lifecycle.params.evaluation import record_eval, summary
 
     logger = get_run_logger()
     out = Path(tempfile.mkdtemp(prefix="temper-eval-"))
@@ -65,9 +65,9 @@ def fetch_model(model_name: str, version: str) -> dict:
     from mlflow.tracking import MlflowClient
 
     from infra import lineage
-    from temper.errors import TrackingError
+    from temper.core.errors import TrackingError
     from temper.model_store import hf_folder
-    from temper.settings import get_settings
+    from temper.core.settings import get_settings
 
     lineage.configure()
     client = MlflowClient()

@@ -2,7 +2,7 @@
 
 The `retrain` deployment (prefect.yaml) carries a trigger on this event, so new data starts a
 retrain without waiting for the nightly cron, and the Prefect UI shows the event as the reason.
-The library (temper/datasets.py) only calls listeners; the entry points that write data
+The library (temper/data/datasets.py) only calls listeners; the entry points that write data
 (`temper data generate`) collect the changes and hand them to :func:`emit_dataset_changes`.
 
 Events go to the configured Prefect API (PREFECT_API_URL). Without one there is nobody to
@@ -14,7 +14,7 @@ from __future__ import annotations
 from prefect.events import Event, emit_event
 from prefect.settings import PREFECT_API_URL
 
-from temper.datasets import DatasetChange
+from temper.data.datasets import DatasetChange
 
 DATASET_CHANGED = "temper.dataset.changed"
 

@@ -41,12 +41,12 @@ class ReviewInput(RunInput):
 @task(task_run_name="judge-{domain_name}")
 def judge_domain(domain_name: str, params: HumanValidationParams) -> tuple[Rubric, list[JudgedItem], dict[str, str]]:
     """Sample and judge one domain's items: (rubric, judged items, skipped item -> reason)."""
-    from temper.catalog import load_catalog
-    from temper.datasets import load_dataset
-    from temper.errors import DatasetError
+    from temper.data.catalog import load_catalog
+    from temper.data.datasets import load_dataset
+    from temper.core.errors import DatasetError
     from temper.judges import JudgeError
     from temper.judges.review import sample_records
-    from temper.settings import get_settings
+    from temper.core.settings import get_settings
     from temper.verifiers.registry import get_verifier
 
     settings = get_settings()
@@ -89,9 +89,9 @@ def store_labels(domain_name: str, records: list[dict[str, Any]]) -> tuple[str, 
 @task(task_run_name="calibrate-{domain_name}")
 def calibrate(domain_name: str, rubric: Rubric, frame: Any, uri: str, sha256: str,
               policy: CalibrationPolicy) -> dict[str, Any]:
-    from temper.catalog import load_catalog
+    from temper.data.catalog import load_catalog
     from temper.judges.calibration import agreement, log_calibration
-    from temper.settings import get_settings
+    from temper.core.settings import get_settings
     from temper.verifiers.families.judge import parse_params
 
     domain = load_catalog(get_settings().catalog_dir)[domain_name]

@@ -6,7 +6,7 @@ from prefect import task
 
 from data_contracts.runner import DomainReport
 from temper.gate import GateDecision, PromotionPolicy
-from temper.lifecycle import PostTrainingParams
+from temper.lifecycle.params.params import PostTrainingParams
 
 _MLFLOW_RETRY = dict(retries=3, retry_delay_seconds=[2, 5, 15])
 
@@ -17,9 +17,9 @@ def open_lifecycle(params: PostTrainingParams, run_name: str, reports: list[Doma
     import mlflow
 
     from infra import lineage
-    from temper.catalog import load_catalog
-    from temper.settings import get_settings
-    from temper.validation import log_validated_datasets
+    from temper.data.catalog import load_catalog
+    from temper.core.settings import get_settings
+    from temper.data.validation import log_validated_datasets
 
     settings = get_settings()
     lineage.configure(settings)
@@ -30,7 +30,7 @@ def open_lifecycle(params: PostTrainingParams, run_name: str, reports: list[Doma
     with lineage.resume_run(run_id):
         mlflow.log_dict(params.model_dump(mode="json"), "params.json")
         log_validated_datasets(reports, [catalog[r.domain] for r in reports], "training", settings)
-        mlflow.set_tag("temper.validation", "pass" if all(r.success for r in reports) else "fail")
+        mlflow.set_tag("temper.data.validation", "pass" if all(r.success for r in reports) else "fail")
     return run_id
 
 
@@ -82,11 +82,11 @@ def _eval_metrics(eval_results: dict[str, dict]) -> list:
 
 def _example_prompt(domains: list[str]) -> str:
     """The first eval prompt of the first domain: the logged model's input example."""
-    from temper.catalog import load_catalog
-    from temper.datasets import load_dataset
-    from temper.errors import TemperError
+    from temper.data.catalog import load_catalog
+    from temper.data.datasets import load_dataset
+    from temper.core.errors import TemperError
     from temper.model_store import DEFAULT_EXAMPLE
-    from temper.settings import get_settings
+    from temper.core.settings import get_settings
 
     try:
         domain = load_catalog(get_settings().catalog_dir)[domains[0]]

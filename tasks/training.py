@@ -12,7 +12,7 @@ from pathlib import Path
 import yaml
 from prefect import get_run_logger, task
 
-from temper.lifecycle import PostTrainingParams
+from temper.lifecycle.params.params import PostTrainingParams
 from temper.training.config import SFTSettings, TrainConfig
 from temper.training.progress import is_progress
 
@@ -20,7 +20,7 @@ from temper.training.progress import is_progress
 @task(retries=1)
 def prepare_base_model(base_model: str) -> str:
     """'tiny' -> a tiny random Llama made once under TEMPER_HOME; anything else is used as given."""
-    from temper.settings import get_settings
+    from temper.core.settings import get_settings
 
     if base_model != "tiny":
         return base_model
@@ -48,8 +48,8 @@ def stage_config(stage: str, params: PostTrainingParams, base_model: str, run_ke
 
 def refuse_eval_only_domains(patterns: list[str]) -> None:
     """Fail before any job starts when the training domains include an eval-only (held-out) domain."""
-    from temper.catalog import load_catalog, refuse_eval_only, select_domains
-    from temper.settings import get_settings
+    from temper.data.catalog import load_catalog, refuse_eval_only, select_domains
+    from temper.core.settings import get_settings
 
     refuse_eval_only(select_domains(load_catalog(get_settings().catalog_dir), patterns), "training stage")
 
@@ -61,8 +61,8 @@ def train_stage(stage: str, params: PostTrainingParams, base_model: str, run_key
                 mixing_weights: dict[str, float] | None = None) -> str:
     """Run one training job to completion; returns the exported HF model folder."""
     from infra.launcher_local import run_job
-    from temper.errors import TemperError
-    from temper.settings import get_settings
+    from temper.core.errors import TemperError
+    from temper.core.settings import get_settings
     from temper.training.job import training_job
 
     refuse_eval_only_domains(params.domains)

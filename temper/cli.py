@@ -11,7 +11,7 @@ import argparse
 import importlib
 import sys
 
-from temper.errors import TemperError
+from temper.core.errors import TemperError
 
 # Order = order in --help.
 COMMAND_GROUPS = (

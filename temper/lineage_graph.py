@@ -101,7 +101,7 @@ def assemble(ref: str, version: VersionInfo, lifecycle: RunNode | None, stages: 
     """Layer by layer; each layer is linked from every node of the previous non-empty layer.
 
     Contract validation is a 'validate' stage run when there is one, else the lifecycle run's
-    ``temper.validation`` tag (the post-training flow validates, then logs the validated
+    ``temper.data.validation`` tag (the post-training flow validates, then logs the validated
     datasets on the lifecycle run). A dataset a training stage consumed that is not among the
     validated ones gets its own edge into that stage, marked 'not validated'.
     """
@@ -114,14 +114,14 @@ def assemble(ref: str, version: VersionInfo, lifecycle: RunNode | None, stages: 
     validated_sets: list[DatasetRef] = []
     if by_stage.get("validate"):
         for run in by_stage["validate"]:
-            result = run.tags.get("temper.validation", "?")
+            result = run.tags.get("temper.data.validation", "?")
             validation_ids.append(g.add(Node(f"run_{run.run_id}", "validation", "contract validation",
                                              f"{result}, run {run.run_id[:8]}")))
             validated_sets.extend(run.datasets)
     elif lifecycle is not None:
-        if "temper.validation" in lifecycle.tags:
+        if "temper.data.validation" in lifecycle.tags:
             validation_ids.append(g.add(Node(f"validation_{lifecycle.run_id}", "validation", "contract validation",
-                                             f"{lifecycle.tags['temper.validation']}, lifecycle run "
+                                             f"{lifecycle.tags['temper.data.validation']}, lifecycle run "
                                              f"{lifecycle.run_id[:8]}")))
         validated_sets.extend(lifecycle.datasets)
     validated = {(d.name, d.digest) for d in validated_sets} if validation_ids else set()

@@ -23,7 +23,7 @@ from importlib.metadata import version as dist_version
 from pathlib import Path
 from typing import Any
 
-from temper.errors import TrackingError
+from temper.core.errors import TrackingError
 
 TASK = "text-generation"
 DEFAULT_EXAMPLE = "1 + 2 = "

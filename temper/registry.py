@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from temper.errors import TrackingError
+from temper.core.errors import TrackingError
 from temper.gate import GateDecision
 
 EVAL_TAG = "temper.eval.{domain}.{metric}"

@@ -31,7 +31,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from temper.errors import TrackingError
+from temper.core.errors import TrackingError
 from temper.gate import GateDecision, PromotionPolicy, decide
 from temper.registry import RegistryError, eval_samples, lifecycle_run_id, stage_runs
 

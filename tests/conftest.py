@@ -16,7 +16,7 @@ os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
 @pytest.fixture
 def temper_home(tmp_path, monkeypatch):
     """A fresh embedded home (store + sqlite tracking) and the shipped catalog."""
-    from temper.settings import get_settings
+    from temper.core.settings import get_settings
 
     monkeypatch.setenv("TEMPER_HOME", str(tmp_path / "home"))
     monkeypatch.setenv("TEMPER_CATALOG_DIR", str(REPO / "domains"))

@@ -21,7 +21,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from temper.lifecycle import EvalSettings
+from temper.lifecycle.params.params import EvalSettings
 
 
 @dataclass
@@ -126,8 +126,8 @@ def evaluate_domain(model_dir: str, domain_name: str, catalog_dir: str | None = 
                     max_new_tokens: int = DEFAULTS.max_new_tokens, keep_samples: int = 5,
                     generator: str = "local") -> EvalResult:
     """One domain, with a model loaded for it (see ``evaluate_domains`` for a set)."""
-    from temper.catalog import load_catalog
-    from temper.settings import get_settings
+    from temper.data.catalog import load_catalog
+    from temper.core.settings import get_settings
 
     domain = load_catalog(catalog_dir or get_settings().catalog_dir)[domain_name]
     produce = make_generator(model_dir, generator)
@@ -148,8 +148,8 @@ def evaluate_domains(model_dir: str, domain_names: list[str], catalog_dir: str |
                      limit: int = DEFAULTS.limit, max_new_tokens: int = DEFAULTS.max_new_tokens, keep_samples: int = 5,
                      generator: str = "local"):
     """Yield one EvalResult per domain, in order, loading the catalog and the model once."""
-    from temper.catalog import load_catalog, select_domains
-    from temper.settings import get_settings
+    from temper.data.catalog import load_catalog, select_domains
+    from temper.core.settings import get_settings
 
     domains = select_domains(load_catalog(catalog_dir or get_settings().catalog_dir), domain_names)
     produce = make_generator(model_dir, generator) if domains else None
@@ -162,8 +162,8 @@ def evaluate_domains(model_dir: str, domain_names: list[str], catalog_dir: str |
 
 
 def _evaluate(produce, model_dir: str, domain, limit: int, max_new_tokens: int, keep_samples: int) -> EvalResult:
-    from temper.datasets import load_dataset
-    from temper.settings import get_settings
+    from temper.data.datasets import load_dataset
+    from temper.core.settings import get_settings
     from temper.verifiers import get_verifier
 
     ds = load_dataset(domain, get_settings())

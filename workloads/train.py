@@ -22,7 +22,7 @@ def main(argv: list[str] | None = None) -> int:
 
     quiet_libraries()  # before torch/transformers are imported
 
-    from temper.errors import TemperError
+    from temper.core.errors import TemperError
     from temper.training.config import load_config
     from temper.training.run import train
 

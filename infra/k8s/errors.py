@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from temper.errors import TemperError
+from temper.core.errors import TemperError
 
 
 class KubernetesError(TemperError):

@@ -17,7 +17,7 @@ from typing import Literal, Protocol, runtime_checkable
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from temper.errors import TemperError
+from temper.core.errors import TemperError
 
 Outcome = Literal["ok", "timeout", "cpu_limit", "memory", "output_limit", "killed", "error"]
 """ok: ran to its own exit (any exit code); timeout: wall or CPU limit; memory: address-space

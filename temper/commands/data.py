@@ -14,8 +14,8 @@ def _catalog_args(p: argparse.ArgumentParser) -> None:
 
 
 def _domains(args):
-    from temper.catalog import load_catalog, select_domains
-    from temper.settings import get_settings
+    from temper.data.catalog import load_catalog, select_domains
+    from temper.core.settings import get_settings
 
     catalog = load_catalog(args.catalog or get_settings().catalog_dir)
     return select_domains(catalog, args.domain)
@@ -37,8 +37,10 @@ def generate(args) -> int:
 
     from tqdm import tqdm
 
-    from temper.datasets import DATASET_LISTENERS, generate_domain_dataset
-    from temper.pack_data import generate_pack_datasets
+    from temper.data.datasets import DATASET_LISTENERS
+
+    from temper.data.generators import generate_domain_dataset
+    from temper.data.pack_data import generate_pack_datasets
 
     domains = _domains(args)
     start = time.perf_counter()
@@ -75,7 +77,7 @@ def generate(args) -> int:
 
 
 def validate(args) -> int:
-    from temper.validation import format_report, track_validation, validate_domains
+    from temper.data.validation import format_report, track_validation, validate_domains
 
     domains = _domains(args)
     if args.track:

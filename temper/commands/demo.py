@@ -15,7 +15,7 @@ import time
 
 def demo(args: argparse.Namespace) -> int:
     # Before Prefect is imported: the ephemeral API lives under TEMPER_HOME and may start slowly on 2 busy cores.
-    from temper.settings import get_settings
+    from temper.core.settings import get_settings
 
     settings = get_settings()
     os.environ.setdefault("PREFECT_HOME", str((settings.home / "prefect").resolve()))
@@ -23,9 +23,9 @@ def demo(args: argparse.Namespace) -> int:
     os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
 
     from infra import lineage
-    from temper.catalog import load_catalog, select_domains
-    from temper.datasets import generate_domain_dataset
-    from temper.lifecycle import PostTrainingParams, load_params
+    from temper.data.catalog import load_catalog, select_domains
+    from temper.data.generators import generate_domain_dataset
+    from temper.lifecycle.params.params import PostTrainingParams, load_params
 
     params = load_params(args.params) if args.params else PostTrainingParams()
     if args.domain:

@@ -7,10 +7,10 @@ from pathlib import Path
 
 
 def list_domains(args) -> int:
-    from temper.catalog import load_catalog
-    from temper.errors import CatalogError
-    from temper.packs import describe
-    from temper.settings import get_settings
+    from temper.data.catalog import load_catalog
+    from temper.core.errors import CatalogError
+    from temper.data.packs import describe
+    from temper.core.settings import get_settings
 
     catalog = load_catalog(args.catalog or get_settings().catalog_dir)
     domains = [catalog[n] for n in sorted(catalog)]

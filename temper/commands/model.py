@@ -24,7 +24,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def handler(args: argparse.Namespace) -> int:
-    from temper.errors import TemperError
+    from temper.core.errors import TemperError
     from temper.training.tiny import init_tiny
 
     for flag in ("hidden", "layers", "heads"):

@@ -15,7 +15,7 @@ _SUFFIX_PROFILE = {".py": "python", ".sh": "shell", ".bash": "shell"}
 def run(args) -> int:
     from infra.sandbox import get_profile
     from infra.sandbox import run as sandbox_run
-    from temper.errors import TemperError
+    from temper.core.errors import TemperError
 
     target = list(args.target)
     if not target:

@@ -12,7 +12,7 @@ import argparse
 def run(args) -> int:
     from pydantic import ValidationError
 
-    from temper.errors import TemperError, describe_validation_error
+    from temper.core.errors import TemperError, describe_validation_error
     from temper.rollout.config import MIB, EngineConfig, PrefixCacheConfig, SpeculativeConfig
 
     from pathlib import Path

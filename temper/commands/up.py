@@ -29,7 +29,7 @@ def _start(argv: list[str], log: Path, env: dict[str, str]) -> subprocess.Popen:
 def _wait_healthy(url: str, proc: subprocess.Popen, log: Path, timeout_s: float = 180) -> None:
     import requests
 
-    from temper.errors import TemperError
+    from temper.core.errors import TemperError
 
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
@@ -70,7 +70,7 @@ def mlflow_server_argv(settings, host: str, port: int) -> list[str] | None:
 
 
 def up(args: argparse.Namespace) -> int:
-    from temper.settings import get_settings
+    from temper.core.settings import get_settings
 
     settings = get_settings()
     home = settings.home.resolve()

@@ -19,7 +19,7 @@ from pathlib import Path
 
 
 def _records(path: Path) -> list[dict]:
-    from temper.errors import DatasetError
+    from temper.core.errors import DatasetError
 
     try:
         lines = path.read_text().splitlines()
@@ -51,9 +51,9 @@ async def _score_all(verifier, records: list[dict], completions: list[str], conc
 
 def _domain_verifier(args):
     """The verifier training and eval build for ``--domain`` (and the domain's reward weight)."""
-    from temper.catalog import load_catalog
-    from temper.errors import CatalogError, TemperError
-    from temper.settings import get_settings
+    from temper.data.catalog import load_catalog
+    from temper.core.errors import CatalogError, TemperError
+    from temper.core.settings import get_settings
     from temper.verifiers import get_verifier
 
     if args.params:
@@ -67,7 +67,7 @@ def _domain_verifier(args):
 
 
 def verify(args) -> int:
-    from temper.errors import TemperError
+    from temper.core.errors import TemperError
     from temper.verifiers import get_verifier
 
     weight = None

@@ -7,7 +7,7 @@ together, ``stats`` and ``calibration`` measure judge-human agreement and gate R
 ``labels`` and ``review`` are the human side (Prefect UI form, versioned label dataset).
 """
 
-from temper.errors import TemperError
+from temper.core.errors import TemperError
 
 
 class JudgeError(TemperError):

@@ -22,7 +22,7 @@ log = logging.getLogger(__name__)
 class JudgeCache:
     def __init__(self, root: Path | str | None = None) -> None:
         if root is None:
-            from temper.settings import get_settings
+            from temper.core.settings import get_settings
 
             root = get_settings().home / "judge_cache"
         self.root = Path(root)

@@ -20,15 +20,15 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from temper.errors import TemperError
+from temper.core.errors import TemperError
 from temper.judges.rubric import CalibrationOverrides, Rubric, Scale
 from temper.judges.stats import cohen_kappa, spearman
 
 if TYPE_CHECKING:
     import pandas as pd
 
-    from temper.catalog import Domain
-    from temper.settings import Settings
+    from temper.data.domain import Domain
+    from temper.core.settings import Settings
 
 log = logging.getLogger(__name__)
 

@@ -13,10 +13,10 @@ from typing import Any
 
 import pandas as pd
 
-from temper.errors import ContractViolation
+from temper.core.errors import ContractViolation
 from temper.judges.review import JudgedItem
 from temper.judges.rubric import Rubric
-from temper.settings import Settings, get_settings
+from temper.core.settings import Settings, get_settings
 
 CONTRACT = "human_labels"
 
@@ -47,7 +47,7 @@ def write_labels(domain: str, records: list[dict[str, Any]], settings: Settings 
                  ) -> tuple[str, str, pd.DataFrame]:
     """Validate and store one session's labels; returns (uri, sha256, frame)."""
     from infra.storage import join, write_bytes_atomic
-    from temper.datasets import serialize_dataset
+    from temper.data.datasets import serialize_dataset
 
     settings = settings or get_settings()
     frame = pd.DataFrame.from_records(records)

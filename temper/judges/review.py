@@ -16,7 +16,7 @@ from typing import Any, Literal
 import pandas as pd
 from pydantic import BaseModel, ConfigDict, Field
 
-from temper.errors import TemperError
+from temper.core.errors import TemperError
 from temper.judges.calibration import CalibrationPolicy
 from temper.judges.rubric import Rubric
 

@@ -14,7 +14,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
-from temper.config_files import load_config, parse_config
+from temper.core.config_files import load_config, parse_config
 from temper.judges import RubricError
 
 #: Where bare rubric names ('summaries') resolve: the shipped rubrics/ directory.

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from temper.errors import TemperError
+from temper.core.errors import TemperError
 
 
 class AdmissionError(TemperError):

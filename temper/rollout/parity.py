@@ -17,7 +17,7 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
-from temper.errors import TemperError
+from temper.core.errors import TemperError
 from temper.rollout.decoding import SamplingParams
 from temper.rollout.engine import Engine
 

@@ -15,7 +15,7 @@ from typing import Any, Callable
 
 from transformers import TrainerCallback
 
-from temper.settings import Settings
+from temper.core.settings import Settings
 from temper.training import checkpoint as ckpt
 from temper.training.config import TrainConfig
 from temper.training.progress import progress_line

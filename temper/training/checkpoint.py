@@ -15,7 +15,7 @@ import re
 from pathlib import Path
 
 from infra.storage import get_fs, join
-from temper.settings import Settings, get_settings
+from temper.core.settings import Settings, get_settings
 from temper.training.config import TrainConfig, TrainingError
 
 STATE_FILE = "temper_state.json"

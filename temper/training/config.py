@@ -21,8 +21,8 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from temper.config_files import parse_config, read_yaml
-from temper.errors import TemperError
+from temper.core.config_files import parse_config, read_yaml
+from temper.core.errors import TemperError
 
 
 class TrainingError(TemperError):

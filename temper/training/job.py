@@ -13,8 +13,8 @@ from temper.training.deepspeed import launch_env, write_launch_configs
 
 def preflight(cfg: TrainConfig) -> None:
     """What can be checked here, cheaply, before ranks start: a local base model folder and the domains."""
-    from temper.catalog import load_catalog, select_domains
-    from temper.settings import get_settings
+    from temper.data.catalog import load_catalog, select_domains
+    from temper.core.settings import get_settings
 
     if "://" not in cfg.base_model and not (Path(cfg.base_model) / "config.json").exists():
         raise TrainingError(f"base_model {cfg.base_model}: no config.json there (expected an HF model folder)")

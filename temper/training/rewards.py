@@ -15,7 +15,7 @@ import json
 from collections import defaultdict
 from typing import Any
 
-from temper.catalog import Domain
+from temper.data.domain import Domain
 from temper.verifiers.registry import get_verifier
 
 

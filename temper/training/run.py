@@ -16,8 +16,10 @@ import logging
 from pathlib import Path
 from typing import Any
 
-from temper.catalog import Domain, load_catalog, refuse_eval_only, select_domains
-from temper.settings import Settings, get_settings
+from temper.data.catalog import load_catalog, refuse_eval_only, select_domains
+
+from temper.data.domain import Domain
+from temper.core.settings import Settings, get_settings
 from temper.training import checkpoint as ckpt
 from temper.training.callbacks import TemperCallback
 from temper.training.config import TrainConfig, TrainingError
@@ -49,7 +51,7 @@ def resolve_model(uri: str, settings: Settings) -> str:
 
 def load_domains(cfg: TrainConfig, settings: Settings) -> tuple[list[Domain], dict[str, Any], dict[str, str], dict[str, str]]:
     """Domains, their train splits, dataset digests and source URIs."""
-    from temper.datasets import load_dataset
+    from temper.data.datasets import load_dataset
 
     catalog = load_catalog(cfg.catalog_dir or settings.catalog_dir)
     if cfg.domains:  # named or globbed: an eval-only domain among them is an error, never a silent skip

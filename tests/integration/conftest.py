@@ -85,7 +85,7 @@ def s3_env(s3_server, monkeypatch):
 
     import boto3
 
-    from temper.settings import get_settings
+    from temper.core.settings import get_settings
 
     monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")

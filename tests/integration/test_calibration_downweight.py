@@ -33,8 +33,8 @@ def _catalog(tmp_path: Path, mode: str) -> Path:
 def test_downweighted_judge_domain_is_sampled_at_its_reduced_weight_by_grpo(temper_home, tmp_path):
     from tasks.data import DomainRef, calibration_gate
     from tasks.training import stage_config
-    from temper.catalog import load_catalog
-    from temper.lifecycle import PostTrainingParams
+    from temper.data.catalog import load_catalog
+    from temper.lifecycle.params.params import PostTrainingParams
     from temper.training.run import new_sampler
 
     catalog_dir = _catalog(tmp_path, "downweight")

@@ -11,7 +11,7 @@ from temper.cli import main
 
 @pytest.fixture
 def tracked(temper_home, mlflow_server, monkeypatch):
-    from temper.settings import get_settings
+    from temper.core.settings import get_settings
 
     monkeypatch.setenv("TEMPER_TRACKING_URI", mlflow_server)
     get_settings.cache_clear()
@@ -35,7 +35,7 @@ def test_generate_validate_and_lineage_round_trip(tracked, capsys):
     assert set(inputs) == {"arithmetic", "tool_calls"}
     assert len(inputs["arithmetic"].digest) == 32
     assert "arithmetic.jsonl" in inputs["arithmetic"].source
-    assert run.data.tags["temper.validation"] == "pass"
+    assert run.data.tags["temper.data.validation"] == "pass"
     assert run.data.tags["temper.git_commit"]
     artifacts = [a.path for a in client.list_artifacts(run.info.run_id, "validation")]
     assert "validation/report.json" in artifacts and "validation/data_docs" in artifacts
@@ -48,10 +48,10 @@ def test_generate_validate_and_lineage_round_trip(tracked, capsys):
 
 
 def test_violation_fails_with_named_expectation_then_passes_when_fixed(temper_home, capsys):
-    from temper.catalog import load_catalog
-    from temper.datasets import read_dataset, serialize_dataset
+    from temper.data.catalog import load_catalog
+    from temper.data.datasets import read_dataset, serialize_dataset
     from infra.storage import write_bytes_atomic
-    from temper.settings import get_settings
+    from temper.core.settings import get_settings
 
     assert main(["data", "generate", "--domain", "arithmetic"]) == 0
     domain = load_catalog(get_settings().catalog_dir)["arithmetic"]
@@ -80,7 +80,7 @@ def test_missing_dataset_is_reported_per_domain(temper_home, capsys):
 def test_datasets_on_s3_through_s3fs(temper_home, s3_env, capsys):
     import boto3
 
-    from temper.settings import get_settings
+    from temper.core.settings import get_settings
 
     assert main(["data", "generate", "--domain", "invoice_extraction"]) == 0
     s3 = boto3.client("s3", endpoint_url=get_settings().s3_endpoint_url, region_name="us-east-1")
@@ -92,7 +92,7 @@ def test_datasets_on_s3_through_s3fs(temper_home, s3_env, capsys):
 
 
 def test_unreachable_s3_endpoint_is_one_clear_line(temper_home, monkeypatch, capsys):
-    from temper.settings import get_settings
+    from temper.core.settings import get_settings
     from tests.integration.conftest import free_port
 
     monkeypatch.setenv("TEMPER_S3_ENDPOINT_URL", f"http://127.0.0.1:{free_port()}")
@@ -106,7 +106,7 @@ def test_unreachable_s3_endpoint_is_one_clear_line(temper_home, monkeypatch, cap
 
 
 def test_unreachable_tracking_server_writes_nothing(temper_home, monkeypatch, capsys):
-    from temper.settings import get_settings
+    from temper.core.settings import get_settings
     from tests.integration.conftest import free_port
 
     assert main(["data", "generate", "--domain", "arithmetic"]) == 0

@@ -12,11 +12,11 @@ from pathlib import Path
 import pytest
 
 from infra.sandbox.bwrap import bwrap_available
-from temper.catalog import load_catalog
-from temper.formats.bfcl import load_packaged
-from temper.formats.humaneval import load_humaneval
-from temper.formats.nl2bash import to_records as nl2bash_records
-from temper.generators import generate
+from temper.data.catalog import load_catalog
+from temper.data.formats.bfcl import load_packaged
+from temper.data.formats.humaneval import load_humaneval
+from temper.data.formats.nl2bash import to_records as nl2bash_records
+from temper.data.generators import generate
 from temper.verifiers import get_verifier
 
 REPO = Path(__file__).resolve().parents[2]

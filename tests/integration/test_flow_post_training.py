@@ -17,7 +17,7 @@ MODEL = "temper-flow-test"
 
 @pytest.fixture
 def flow_env(temper_home, mlflow_server, prefect_api, monkeypatch):
-    from temper.settings import get_settings
+    from temper.core.settings import get_settings
 
     monkeypatch.setenv("TEMPER_TRACKING_URI", mlflow_server)
     get_settings.cache_clear()
@@ -54,7 +54,7 @@ def _report_artifact(flow_run_id) -> str:
 
 
 def _small_params(**kw):
-    from temper.lifecycle import EvalSettings, GRPOSettings, PostTrainingParams, SFTStage
+    from temper.lifecycle.params.params import EvalSettings, GRPOSettings, PostTrainingParams, SFTStage
 
     fields = dict(model_name=MODEL, domains=["arithmetic", "multiplication"], sft=SFTStage(max_steps=60),
                   grpo=GRPOSettings(max_steps=4), eval=EvalSettings(limit=32))
@@ -67,7 +67,7 @@ def test_post_training_end_to_end_then_evaluate_and_retrain(flow_env, mlflow_ser
     from flows.evaluate import evaluate
     from flows.post_training import post_training
     from flows.retrain import retrain
-    from temper.lifecycle import EvalSettings, EvaluateParams, RetrainParams
+    from temper.lifecycle.params.params import EvalSettings, EvaluateParams, RetrainParams
 
     state = post_training(_small_params(), return_state=True)
     assert state.is_completed(), state.message
@@ -116,9 +116,9 @@ def test_contract_violation_stops_before_any_training(flow_env, mlflow_server):
 
     from flows.post_training import post_training
     from infra.storage import write_bytes_atomic
-    from temper.catalog import load_catalog
-    from temper.datasets import read_dataset, serialize_dataset
-    from temper.settings import get_settings
+    from temper.data.catalog import load_catalog
+    from temper.data.datasets import read_dataset, serialize_dataset
+    from temper.core.settings import get_settings
 
     d = load_catalog(get_settings().catalog_dir)["multiplication"]
     df = read_dataset(d)
@@ -136,7 +136,7 @@ def test_contract_violation_stops_before_any_training(flow_env, mlflow_server):
     client = MlflowClient(mlflow_server)
     assert not client.search_registered_models("name = 'temper-violation'")
     runs = client.search_runs([client.get_experiment_by_name("post_training").experiment_id],
-                              "tags.`temper.validation` = 'fail'")
+                              "tags.`temper.data.validation` = 'fail'")
     assert runs and runs[0].info.status == "FAILED"
 
 
@@ -147,14 +147,14 @@ def test_retrain_on_changed_data_registers_a_gated_version_then_rests(flow_env, 
 
     from flows.post_training import post_training
     from flows.retrain import retrain
-    from temper.catalog import load_catalog
-    from temper.datasets import DATASET_LISTENERS, read_dataset, write_dataset
+    from temper.data.catalog import load_catalog
+    from temper.data.datasets import DATASET_LISTENERS, read_dataset, write_dataset
     from temper.gate import PromotionPolicy
-    from temper.lifecycle import EvalSettings, GRPOSettings, RetrainParams, SFTSettings
-    from temper.settings import get_settings
+    from temper.lifecycle.params.params import EvalSettings, GRPOSettings, RetrainParams, SFTStage
+    from temper.core.settings import get_settings
 
     name = "temper-retrain"
-    tiny = dict(model_name=name, sft=SFTSettings(enabled=False), grpo=GRPOSettings(max_steps=2),
+    tiny = dict(model_name=name, sft=SFTStage(enabled=False), grpo=GRPOSettings(max_steps=2),
                 eval=EvalSettings(limit=8))
     first = post_training(_small_params(**tiny))
     assert first["registered"]["alias"] == "champion"
@@ -183,8 +183,8 @@ def test_retrain_on_changed_data_registers_a_gated_version_then_rests(flow_env, 
 
     # Unchanged data after a failed candidate: the latest version (v2, @candidate) was trained on it.
     # Compared with the champion (the old rule), multiplication would count as changed, every night.
-    from temper.datasets import load_dataset
-    from temper.retraining import changed_domains, trained_digests
+    from temper.data.datasets import load_dataset
+    from temper.lifecycle.params.retraining import changed_domains, trained_digests
 
     now = {n: load_dataset(load_catalog(get_settings().catalog_dir)[n]).digest for n in ("arithmetic", "multiplication")}
     assert changed_domains(trained_digests(client.get_model_version(name, v1)), now) == ["multiplication"]

@@ -9,7 +9,7 @@ import pytest
 
 @pytest.fixture
 def flow_env(temper_home, mlflow_server, prefect_api, monkeypatch):
-    from temper.settings import get_settings
+    from temper.core.settings import get_settings
 
     monkeypatch.setenv("TEMPER_TRACKING_URI", mlflow_server)
     get_settings.cache_clear()
@@ -32,7 +32,7 @@ def _task_runs(flow_run_id):
 
 def test_validate_flow_maps_per_domain_and_caches_by_digest(flow_env):
     from flows.validate_data import validate_data
-    from temper.lifecycle import ValidateParams
+    from temper.lifecycle.params.params import ValidateParams
 
     params = ValidateParams(domains=["arithmetic", "tool_calls"])
     state = validate_data(params, return_state=True)
@@ -49,10 +49,10 @@ def test_validate_flow_maps_per_domain_and_caches_by_digest(flow_env):
 def test_validate_flow_reports_violation(flow_env):
     from infra.storage import write_bytes_atomic
     from flows.validate_data import validate_data
-    from temper.catalog import load_catalog
-    from temper.datasets import read_dataset, serialize_dataset
-    from temper.lifecycle import ValidateParams
-    from temper.settings import get_settings
+    from temper.data.catalog import load_catalog
+    from temper.data.datasets import read_dataset, serialize_dataset
+    from temper.lifecycle.params.params import ValidateParams
+    from temper.core.settings import get_settings
 
     d = load_catalog(get_settings().catalog_dir)["tool_calls"]
     df = read_dataset(d)

@@ -20,7 +20,7 @@ FIXTURE = REPO / "tests" / "fixtures" / "open_ended"
 @pytest.fixture
 def open_ended_env(temper_home, mlflow_server, prefect_api, monkeypatch, tmp_path):
     """A catalog of the summaries example (judged by the tiny model) plus one non-judge domain."""
-    from temper.settings import get_settings
+    from temper.core.settings import get_settings
     from temper.training.tiny import init_tiny
 
     tiny = init_tiny(tmp_path / "tiny")
@@ -34,8 +34,9 @@ def open_ended_env(temper_home, mlflow_server, prefect_api, monkeypatch, tmp_pat
     monkeypatch.setenv("TEMPER_TRACKING_URI", mlflow_server)
     get_settings.cache_clear()
 
-    from temper.catalog import load_catalog
-    from temper.datasets import generate_domain_dataset, read_dataset
+    from temper.data.catalog import load_catalog
+    from temper.data.datasets import read_dataset
+    from temper.data.generators import generate_domain_dataset
 
     d = load_catalog(catalog)["summaries"]
     generate_domain_dataset(d)
@@ -97,9 +98,9 @@ class Reviewer:
 @pytest.mark.timeout(240)
 def test_flow_pauses_per_item_and_resumes_with_reviewer_input(open_ended_env):
     from flows.human_validation import HumanValidationParams, human_validation
-    from temper.catalog import load_catalog
+    from temper.data.catalog import load_catalog
     from temper.judges.calibration import apply_calibration_gate, calibration_status
-    from temper.settings import get_settings
+    from temper.core.settings import get_settings
 
     frame = open_ended_env
     _example_contract_validates(frame)

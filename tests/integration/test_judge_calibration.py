@@ -12,7 +12,7 @@ RUBRIC = {"name": "t", "criteria": [{"name": "c", "description": "good"}], "scal
 
 @pytest.fixture
 def tracked(temper_home, mlflow_server, monkeypatch):
-    from temper.settings import get_settings
+    from temper.core.settings import get_settings
 
     monkeypatch.setenv("TEMPER_TRACKING_URI", mlflow_server)
     get_settings.cache_clear()
@@ -35,7 +35,7 @@ def _labels(domain: str, judge: list[float], human: list[int]):
 def test_calibration_round_trip_latest_wins_and_feeds_the_gate(tracked):
     from mlflow.tracking import MlflowClient
 
-    from temper.catalog import Domain
+    from temper.data.domain import Domain
     from temper.judges.calibration import (EXPERIMENT, CalibrationPolicy, agreement, apply_calibration_gate,
                                            calibration_status, log_calibration)
 

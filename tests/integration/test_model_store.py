@@ -33,7 +33,7 @@ def registry(tmp_path_factory):
         mp.setenv("TEMPER_CATALOG_DIR", str(Path(__file__).resolve().parents[2] / "domains"))
         for var in ("TEMPER_TRACKING_URI", "TEMPER_STORAGE_ROOT", "TEMPER_S3_ENDPOINT_URL"):
             mp.delenv(var, raising=False)
-        from temper.settings import get_settings
+        from temper.core.settings import get_settings
 
         get_settings.cache_clear()
         yield _register(home)
@@ -45,13 +45,13 @@ def _register(home: Path) -> dict:
 
     from infra import lineage
     from tasks.registry import register
-    from temper.catalog import load_catalog
+    from temper.data.catalog import load_catalog
     from temper.cli import main
-    from temper.datasets import load_dataset
-    from temper.evaluation import record_eval
+    from temper.data.datasets import load_dataset
+    from temper.lifecycle.params.evaluation import record_eval
     from temper.gate import GateDecision
-    from temper.lifecycle import EvalSettings, PostTrainingParams
-    from temper.settings import get_settings
+    from temper.lifecycle.params.params import EvalSettings, PostTrainingParams
+    from temper.core.settings import get_settings
     from temper.training.tiny import init_tiny
 
     assert main(["data", "generate", "--domain", "arithmetic"]) == 0
@@ -109,9 +109,9 @@ def test_version_loads_as_a_transformers_pipeline_with_metrics_and_dataset(regis
     spec = Model.load(str(local))
     assert "transformers" in spec.flavors and "python_function" in spec.flavors
     assert {p.name for p in spec.signature.params} >= {"max_new_tokens", "do_sample"}
-    from temper.catalog import load_catalog
-    from temper.datasets import read_dataset
-    from temper.settings import get_settings
+    from temper.data.catalog import load_catalog
+    from temper.data.datasets import read_dataset
+    from temper.core.settings import get_settings
 
     domain = load_catalog(get_settings().catalog_dir)["arithmetic"]
     frame = read_dataset(domain)
@@ -155,7 +155,7 @@ def test_mlflow_models_serve_answers_an_invocation(registry, tmp_path):
 
 def test_temper_up_mlflow_server_serves_the_store_the_demo_wrote(registry, tmp_path):
     from temper.commands.up import mlflow_server_argv
-    from temper.settings import Settings
+    from temper.core.settings import Settings
 
     settings = Settings(home=registry["home"])
     assert settings.resolved_tracking_uri == registry["tracking_uri"]

@@ -13,7 +13,7 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 
 from infra.sandbox.bwrap import bwrap_available
-from temper.formats.humaneval import load_humaneval, packaged_path, read_jsonl
+from temper.data.formats.humaneval import load_humaneval, packaged_path, read_jsonl
 from temper.verifiers import get_verifier
 
 pytestmark = pytest.mark.skipif(not bwrap_available(), reason="needs bubblewrap (apt-get install bubblewrap)")
@@ -85,8 +85,8 @@ def test_pass_fail_equals_human_evals_own_harness_on_wrong_completions(humaneval
 
 def test_nl2bash_references_reproduce_their_output_and_wrong_commands_do_not():
     """The vendored NL2Bash subset through the catalog domain's own verifier (output mode, sandbox)."""
-    from temper.catalog import load_catalog
-    from temper.formats.nl2bash import VENDORED, load_nl2bash
+    from temper.data.catalog import load_catalog
+    from temper.data.formats.nl2bash import VENDORED, load_nl2bash
 
     domain = load_catalog("domains")["nl2bash"]
     v = get_verifier(domain.verifier.family, domain.verifier.params)
@@ -99,7 +99,7 @@ def test_nl2bash_references_reproduce_their_output_and_wrong_commands_do_not():
 
 
 def test_output_mode_reference_that_prints_nothing_is_not_judged():
-    from temper.formats.nl2bash import to_records
+    from temper.data.formats.nl2bash import to_records
 
     rec = to_records([("Delete the logs", "rm -rf logs")])[0]
     v = get_verifier("terminal", {"timeout_s": 5, "mode": "output"})

@@ -33,7 +33,7 @@ def model():
 
 def _tracking_env(mp: pytest.MonkeyPatch, uri: str) -> None:
     from infra import lineage
-    from temper.settings import get_settings
+    from temper.core.settings import get_settings
 
     mp.setenv("TEMPER_TRACKING_URI", uri)
     mp.setenv("MLFLOW_TRACKING_URI", uri)
@@ -67,7 +67,7 @@ def register(model: str, evals: dict[str, list[float]], *, passed: bool, samples
     with lineage.resume_run(parent):
         for d in evals:
             lineage.log_dataset(d, frame, f"/store/datasets/{d}.jsonl", digest(d))
-        mlflow.set_tag("temper.validation", "pass")
+        mlflow.set_tag("temper.data.validation", "pass")
     stage_tags = {lineage.TAG_KIND: "stage"}
     for stage in ("sft", "grpo"):
         run_id = lineage.open_run("post_training", f"{stage}-{model}", parent_run_id=parent,
@@ -121,7 +121,7 @@ WORSE = {"arithmetic": rewards(range(10)), "tool_calls": rewards(range(30))}    
 @pytest.fixture(scope="module")
 def shared(mlflow_server):
     """One model for the tests that only read it (compare, lineage, bad input): v1 @champion, v2, v3 @candidate."""
-    from temper.settings import get_settings
+    from temper.core.settings import get_settings
 
     name = f"shared-{uuid.uuid4().hex[:8]}"
     with pytest.MonkeyPatch.context() as mp:

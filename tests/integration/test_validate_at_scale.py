@@ -25,9 +25,10 @@ def big_catalog(tmp_path_factory):
     """(catalog dir, TEMPER_HOME) with N generated datasets, one of them corrupted."""
     import os
 
-    from temper.catalog import load_catalog
-    from temper.datasets import generate_domain_dataset, read_dataset, serialize_dataset
-    from temper.settings import get_settings
+    from temper.data.catalog import load_catalog
+    from temper.data.datasets import read_dataset, serialize_dataset
+    from temper.data.generators import generate_domain_dataset
+    from temper.core.settings import get_settings
     from infra.storage import write_bytes_atomic
 
     root = tmp_path_factory.mktemp("scale")
@@ -60,7 +61,7 @@ def big_catalog(tmp_path_factory):
 
 def test_cli_validates_300_domains_in_worker_processes(big_catalog, capsys):
     from temper.cli import main
-    from temper.settings import get_settings
+    from temper.core.settings import get_settings
 
     catalog, _ = big_catalog
     assert main(["data", "validate", "--catalog", str(catalog), "--json"]) == 1
@@ -83,8 +84,8 @@ def test_cli_validates_300_domains_in_worker_processes(big_catalog, capsys):
 def test_validate_flow_maps_300_domains_and_reports_the_broken_one(big_catalog, prefect_api, mlflow_server,
                                                                     monkeypatch):
     from flows.validate_data import validate_data
-    from temper.lifecycle import ValidateParams
-    from temper.settings import get_settings
+    from temper.lifecycle.params.params import ValidateParams
+    from temper.core.settings import get_settings
 
     monkeypatch.setenv("TEMPER_TRACKING_URI", mlflow_server)
     get_settings.cache_clear()

@@ -6,9 +6,9 @@ import time
 import pytest
 
 from infra.sandbox.bwrap import bwrap_available
-from temper.formats.humaneval import load_humaneval
-from temper.formats.nl2bash import to_records as nl2bash_records
-from temper.generators import generate
+from temper.data.formats.humaneval import load_humaneval
+from temper.data.formats.nl2bash import to_records as nl2bash_records
+from temper.data.generators import generate
 from temper.verifiers import get_verifier
 
 pytestmark = pytest.mark.skipif(not bwrap_available(), reason="needs bubblewrap (apt-get install bubblewrap)")
@@ -91,7 +91,7 @@ def test_grpo_reward_function_scores_a_mixed_batch_through_the_sandbox_concurren
     process) samples. Sleeping completions show the sandboxed ones overlap instead of queueing."""
     import json
 
-    from temper.catalog import load_catalog
+    from temper.data.catalog import load_catalog
     from temper.training.rewards import DomainRewards
     from tests.conftest import REPO
 

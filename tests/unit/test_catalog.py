@@ -4,8 +4,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from temper.catalog import load_catalog, load_domain, select_domains
-from temper.errors import CatalogError
+from temper.data.catalog import load_catalog, load_domain, select_domains
+from temper.core.errors import CatalogError
 
 REPO = Path(__file__).resolve().parents[2]
 GOOD = yaml.safe_load((REPO / "domains" / "arithmetic.yaml").read_text())
@@ -80,10 +80,10 @@ def test_prompt_renders_from_record():
 
 def test_a_bad_json_line_is_reported_at_its_own_line_number(temper_home, capsys):
     """`temper data validate` over a dataset whose line 201 is broken says line 201, not line 1."""
-    from temper.catalog import load_catalog
+    from temper.data.catalog import load_catalog
     from temper.cli import main
-    from temper.datasets import generate_domain_dataset
-    from temper.settings import get_settings
+    from temper.data.generators import generate_domain_dataset
+    from temper.core.settings import get_settings
 
     domain = load_catalog(get_settings().catalog_dir)["arithmetic"]
     uri, _, _ = generate_domain_dataset(domain)
@@ -122,7 +122,7 @@ def test_validate_reports_a_prompt_column_the_contract_does_not_declare(temper_h
 ])
 def test_hostile_yaml_is_refused_with_one_line(tmp_path, text, message):
     """A billion-laughs document, a deeply nested one, a huge one: a CatalogError naming the file."""
-    from temper.catalog import load_domain
+    from temper.data.catalog import load_domain
 
     path = tmp_path / "hostile.yaml"
     path.write_text(text)

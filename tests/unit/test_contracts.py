@@ -6,8 +6,8 @@ import pytest
 
 from data_contracts.model import load_contract, load_contracts
 from data_contracts.runner import GXRunner
-from temper.errors import ContractError
-from temper.generators import generate
+from temper.core.errors import ContractError
+from temper.data.generators import generate
 
 CONTRACTS = Path(__file__).resolve().parents[2] / "data_contracts"
 

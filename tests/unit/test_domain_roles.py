@@ -5,9 +5,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from temper.catalog import load_catalog, refuse_eval_only, select_domains, split_by_role
-from temper.errors import CatalogError
-from temper.settings import Settings
+from temper.data.catalog import load_catalog, refuse_eval_only, select_domains, split_by_role
+from temper.core.errors import CatalogError
+from temper.core.settings import Settings
 from temper.training.config import TrainConfig
 from temper.training.run import load_domains
 
@@ -57,7 +57,7 @@ def test_training_run_refuses_an_eval_only_domain_by_name_or_glob(tmp_path):
 def test_training_stage_refuses_before_launching_a_job(tmp_path, monkeypatch):
     from tasks.training import refuse_eval_only_domains
 
-    from temper.settings import get_settings
+    from temper.core.settings import get_settings
 
     monkeypatch.setenv("TEMPER_CATALOG_DIR", str(_catalog(tmp_path)))
     get_settings.cache_clear()

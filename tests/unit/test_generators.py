@@ -2,8 +2,8 @@ import json
 
 import pytest
 
-from temper.errors import DatasetError
-from temper.generators import GENERATORS, generate
+from temper.core.errors import DatasetError
+from temper.data.generators import GENERATORS, generate
 
 
 PUBLIC = {"humaneval", "bfcl", "nl2bash"}  # fixed data read from a package: no seed, no sampling

@@ -246,9 +246,9 @@ def test_judge_verifier_scores_or_skips_and_counts(tiny, temper_home, endpoint):
 
 
 def test_summaries_generator_spans_the_rubric():
-    from temper.generators import generate
+    from temper.data.generators import generate
 
-    import temper.generators_open_ended  # noqa: F401
+    import temper.data.generators_open_ended  # noqa: F401
 
     df = generate("summaries", 200, 0, 0.1, {})
     assert df.equals(generate("summaries", 200, 0, 0.1, {})) and not df.equals(generate("summaries", 200, 1, 0.1, {}))

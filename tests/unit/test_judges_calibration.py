@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from temper.catalog import Domain
+from temper.data.domain import Domain
 from temper.judges.calibration import (CalibrationPolicy, CalibrationResult, agreement, apply_calibration_gate,
                                        shortfalls)
 from temper.judges.rubric import Rubric, Scale
@@ -178,7 +178,7 @@ def test_review_form_is_bounded_by_the_rubric_and_blind_to_the_judge():
 def test_labels_pass_their_contract_and_are_versioned_by_digest(temper_home):
     import hashlib
 
-    from temper.errors import ContractViolation
+    from temper.core.errors import ContractViolation
     from temper.judges.labels import label_record, write_labels
 
     rubric = Rubric.model_validate(RUBRIC)

@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from temper.catalog import load_catalog
-from temper.errors import CatalogError
-from temper.packs import contract_for
+from temper.data.catalog import load_catalog
+from temper.core.errors import CatalogError
+from temper.data.packs import contract_for
 
 REPO = Path(__file__).resolve().parents[2]
 PACK = yaml.safe_load((REPO / "domains" / "packs" / "reasoning_gym.yaml").read_text())
@@ -51,7 +51,7 @@ def test_shipped_pack_expands_to_at_least_300_valid_domains():
 
 def test_catalog_load_is_fast_and_never_imports_reasoning_gym():
     # CPU time, not wall: the 2-core machine is shared, and waiting for a core is not the catalog's cost
-    code = ("import sys, time; from temper.catalog import load_catalog; "
+    code = ("import sys, time; from temper.data.catalog import load_catalog; "
             "c = load_catalog('domains'); print(len(c), time.process_time(), 'reasoning_gym' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, check=True,
                          env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin"}).stdout.split()
@@ -115,7 +115,7 @@ def test_a_domain_file_clashing_with_a_pack_domain_is_rejected(tmp_path):
 
 
 def test_bad_contract_template_names_pack_task_and_field(tmp_path, monkeypatch):
-    from temper.settings import get_settings
+    from temper.core.settings import get_settings
 
     contracts = tmp_path / "contracts"
     (contracts / "templates").mkdir(parents=True)

@@ -4,8 +4,8 @@ import json
 
 import pytest
 
-from temper.catalog import load_catalog
-from temper.formats.bfcl import CATEGORIES, decode_python_calls, load_packaged
+from temper.data.catalog import load_catalog
+from temper.data.formats.bfcl import CATEGORIES, decode_python_calls, load_packaged
 from temper.verifiers import get_verifier
 
 CATALOG = load_catalog("domains")

@@ -10,7 +10,7 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 def test_changed_domains_against_the_trained_digests():
-    from temper.retraining import changed_domains
+    from temper.lifecycle.params.retraining import changed_domains
 
     a, b = "a" * 64, "b" * 64
     assert changed_domains(None, {"x": a, "y": b}) == ["x", "y"]  # no version yet: everything
@@ -21,9 +21,10 @@ def test_changed_domains_against_the_trained_digests():
 
 
 def test_write_dataset_announces_only_a_changed_digest(temper_home):
-    from temper.catalog import load_catalog
-    from temper.datasets import DATASET_LISTENERS, generate_domain_dataset, read_dataset, write_dataset
-    from temper.settings import get_settings
+    from temper.data.catalog import load_catalog
+    from temper.data.datasets import DATASET_LISTENERS, read_dataset, write_dataset
+    from temper.data.generators import generate_domain_dataset
+    from temper.core.settings import get_settings
 
     d = load_catalog(get_settings().catalog_dir)["arithmetic"]
     heard = []
@@ -42,7 +43,7 @@ def test_write_dataset_announces_only_a_changed_digest(temper_home):
 
 def test_retrain_deployment_carries_its_event_trigger_and_a_bad_trigger_names_the_file(tmp_path):
     from flows.deployments import read_entries
-    from temper.errors import TemperError
+    from temper.core.errors import TemperError
 
     retrain = next(e for e in read_entries() if e.name == "retrain")
     (trigger,) = retrain.triggers

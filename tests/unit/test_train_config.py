@@ -8,8 +8,8 @@ import pytest
 import yaml
 from pydantic import ValidationError
 
-from temper.errors import TemperError
-from temper.lifecycle import GRPOSettings, PostTrainingParams, SFTStage, load_params
+from temper.core.errors import TemperError
+from temper.lifecycle.params.params import GRPOSettings, PostTrainingParams, SFTStage, load_params
 from temper.training.config import SFTSettings, TrainConfig, TrainingError, load_config
 from tests.conftest import REPO
 

@@ -2,7 +2,7 @@ import json
 
 import pytest
 
-from temper.generators import generate
+from temper.data.generators import generate
 from temper.verifiers import get_verifier, known_families
 
 

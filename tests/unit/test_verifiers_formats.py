@@ -4,11 +4,11 @@ import json
 
 import pytest
 
-from temper.errors import DatasetError
-from temper.formats import stable_split
-from temper.formats.bfcl import load_bfcl
-from temper.formats.humaneval import to_record
-from temper.formats.nl2bash import load_nl2bash
+from temper.core.errors import DatasetError
+from temper.data.formats import stable_split
+from temper.data.formats.bfcl import load_bfcl
+from temper.data.formats.humaneval import to_record
+from temper.data.formats.nl2bash import load_nl2bash
 from temper.verifiers import get_verifier
 
 BFCL_Q = [

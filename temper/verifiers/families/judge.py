@@ -20,10 +20,10 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-# Registers the open-ended example generators (temper/generators.py has no plugin import yet):
+# Registers the open-ended example generators (temper/data/generators.py has no plugin import yet):
 # loading any catalog imports the verifier families, so `temper data generate` finds them.
-import temper.generators_open_ended  # noqa: F401
-from temper.errors import describe_validation_error
+import temper.data.generators_open_ended  # noqa: F401
+from temper.core.errors import describe_validation_error
 from temper.judges import JudgeError, RubricError, UnparseableOutput
 from temper.judges.judge import Judge, JudgeResult, JudgeSpec
 from temper.judges.rubric import CalibrationOverrides, Rubric, resolve_rubric

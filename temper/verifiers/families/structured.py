@@ -182,7 +182,7 @@ class ToolCallVerifier(Verifier):
 
     def _score_bfcl(self, record: dict[str, Any], completion: str) -> Verdict | None:
         """BFCL's own AST checker (``category`` param: simple_python, multiple, parallel, parallel_multiple)."""
-        from temper.formats.bfcl import ast_checker, decode_python_calls
+        from temper.data.formats.bfcl import ast_checker, decode_python_calls
 
         try:
             truth, functions = json.loads(record["ground_truth"]), json.loads(record["functions"])

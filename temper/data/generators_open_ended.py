@@ -14,7 +14,7 @@ from typing import Any
 
 import pandas as pd
 
-from temper.generators import _frame, generator
+from temper.data.generators import _frame, generator
 
 _COMPANIES = ["Acme Tools", "Blue River Foods", "Nordlicht Media", "Sierra Parts", "Kato Electric", "Lumen Bank"]
 _METRICS = ["revenue", "operating profit", "net sales", "orders"]

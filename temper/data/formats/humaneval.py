@@ -16,8 +16,8 @@ from typing import Any
 
 import pandas as pd
 
-from temper.errors import DatasetError
-from temper.formats import stable_split
+from temper.core.errors import DatasetError
+from temper.data.formats import stable_split
 
 FIELDS = ("task_id", "prompt", "canonical_solution", "test", "entry_point")
 

@@ -9,6 +9,7 @@ Every other module reads its connection details from here and nowhere else.
 
 from __future__ import annotations
 
+import importlib.util
 from functools import lru_cache
 from pathlib import Path
 from typing import Literal
@@ -82,7 +83,8 @@ class Settings(BaseSettings):
     def resolved_contracts_dir(self) -> Path:
         if self.contracts_dir:
             return self.contracts_dir
-        return Path(__file__).resolve().parent.parent / "data_contracts"
+        # Located, not imported: the settings leaf must not import another room.
+        return Path(importlib.util.find_spec("data_contracts").origin).resolve().parent
 
 
 @lru_cache(maxsize=1)

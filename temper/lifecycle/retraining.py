@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 from infra.lineage import MLFLOW_DIGEST_LEN
-from temper.errors import TrackingError
+from temper.core.errors import TrackingError
 
 
 def latest_version(model_name: str) -> Any | None:

@@ -16,9 +16,9 @@ from dataclasses import dataclass
 import pandas as pd
 
 from infra.storage import get_fs
-from temper.catalog import Domain
-from temper.errors import DatasetError, StorageError
-from temper.settings import Settings, get_settings
+from temper.data.domain import Domain
+from temper.core.errors import DatasetError, StorageError
+from temper.core.settings import Settings, get_settings
 
 
 @dataclass(frozen=True)
@@ -132,24 +132,3 @@ def write_dataset(domain: Domain, frame: pd.DataFrame, settings: Settings | None
         for listener in DATASET_LISTENERS:
             listener(DatasetChange(domain.name, uri, previous, digest))
     return uri, digest
-
-
-def generate_domain_dataset(domain: Domain, settings: Settings | None = None, overwrite: bool = False) -> tuple[str, str, bool]:
-    """Write a starter domain's dataset to the store; returns (uri, digest, written).
-
-    An existing file is kept unless ``overwrite``: generation is deterministic, so
-    rewriting only matters after the generator or its parameters changed.
-    """
-    from infra.storage import exists
-    from temper.generators import generate
-
-    settings = settings or get_settings()
-    if not domain.dataset.generator:
-        raise DatasetError(f"domain {domain.name} has no dataset.generator; its data is brought, not generated")
-    uri = domain.dataset_uri(settings.resolved_storage_root)
-    if exists(uri, settings) and not overwrite:
-        return uri, dataset_digest(domain, settings), False
-    frame = generate(domain.dataset.generator, domain.dataset.rows, domain.dataset.seed,
-                     domain.split.eval_fraction, domain.dataset.generator_params)
-    uri, digest = write_dataset(domain, frame, settings)
-    return uri, digest, True

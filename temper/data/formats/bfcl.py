@@ -29,9 +29,9 @@ from typing import Any
 
 import pandas as pd
 
-from temper.errors import DatasetError
-from temper.formats import stable_split
-from temper.formats.humaneval import read_jsonl
+from temper.core.errors import DatasetError
+from temper.data.formats import stable_split
+from temper.data.formats.humaneval import read_jsonl
 
 VERSION_PREFIX = "BFCL_v4"
 #: Single-turn Python categories whose answers BFCL checks by AST (the ones this adapter serves).

@@ -13,8 +13,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from temper.config_files import load_config
-from temper.errors import TemperError
+from temper.core.config_files import load_config
+from temper.core.errors import TemperError
 from temper.gate import PromotionPolicy
 from temper.training.config import GRPOSettings, MixingWeights, SFTSettings, check_grpo_batch, check_mixing_names
 

@@ -1,7 +1,7 @@
 """The reasoning-gym side of the ``reasoning_gym`` pack: the only temper module that imports it.
 
 ``import reasoning_gym`` costs 1.5-2.5 s, so nothing on the catalog path imports this module:
-the catalog reads the task index (``temper/pack_index/reasoning_gym-<version>.json``, built by
+the catalog reads the task index (``temper/data/pack_index/reasoning_gym-<version>.json``, built by
 ``build_index``) instead, and generation runs here in worker processes with ``PYTHONHASHSEED``
 pinned (five tasks' items depend on set/dict iteration order; see ``generate_many``).
 
@@ -117,7 +117,7 @@ def generate_many(jobs: list[dict[str, Any]], processes: int = 2) -> dict[str, d
     """
     env = {**os.environ, "PYTHONHASHSEED": HASH_SEED}
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [os.getcwd(), *sys.path]))
-    procs = [subprocess.Popen([sys.executable, "-c", "from temper.packs_reasoning_gym import _worker; _worker()"],
+    procs = [subprocess.Popen([sys.executable, "-c", "from temper.data.packs_reasoning_gym import _worker; _worker()"],
                               stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
                               text=True, env=env)
              for _ in range(max(1, min(processes, len(jobs))))]
@@ -202,7 +202,7 @@ def build_index() -> dict[str, Any]:
     return {"source": "reasoning_gym", "version": _version(), "tasks": tasks}
 
 
-if __name__ == "__main__":  # python -m temper.packs_reasoning_gym temper/pack_index/reasoning_gym-X.json
+if __name__ == "__main__":  # python -m temper.data.packs_reasoning_gym temper/data/pack_index/reasoning_gym-X.json
     index = build_index()  # some generators print to stdout, so the index goes to a file
     with open(sys.argv[1], "w") as out:
         json.dump(index, out, indent=1, sort_keys=True, default=repr)

@@ -9,8 +9,8 @@ sampling ratio. From there on an expanded domain is an ordinary domain in every 
 
 Expansion must stay cheap (300+ domains in well under 2 s) and must not import the source
 library (``import reasoning_gym`` alone takes ~2 s): what it needs about the source is in a task
-index shipped per source version (``temper/pack_index/<source>-<version>.json``, written by
-``python -m temper.packs_reasoning_gym``), checked against the installed version through package
+index shipped per source version (``temper/data/pack_index/<source>-<version>.json``, written by
+``python -m temper.data.packs_reasoning_gym``), checked against the installed version through package
 metadata only.
 
 A pack file is told apart from a domain file by its top-level ``pack:`` key.
@@ -28,8 +28,8 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from temper.catalog import Domain, VerifierSpec
-from temper.errors import CatalogError, describe_validation_error
+from temper.data.domain import Domain, VerifierSpec
+from temper.core.errors import CatalogError, describe_validation_error
 
 INDEX_DIR = Path(__file__).resolve().parent / "pack_index"
 SOURCES = {"reasoning_gym": "reasoning-gym"}  # pack source -> distribution whose version pins the index
@@ -123,7 +123,7 @@ def pack_digest(pack: Pack) -> str:
 
 
 def _contract_template(pack: Pack, path: Path, contracts_dir: Path) -> dict[str, Any]:
-    from temper.config_files import read_yaml
+    from temper.core.config_files import read_yaml
 
     tpl = contracts_dir / "templates" / f"{pack.contract_template}.yaml"
     if not tpl.is_file():
@@ -182,7 +182,7 @@ def expand_pack(path: Path | str, raw: dict[str, Any], contracts_dir: Path | Non
         if task not in index:
             field = "exclude" if key in pack.exclude else "overrides"
             raise CatalogError(f"{path}: task {task!r}: field '{field}': {pack.source} {installed} has no such task")
-    from temper.settings import get_settings
+    from temper.core.settings import get_settings
 
     template = _contract_template(pack, path, contracts_dir or get_settings().resolved_contracts_dir)
     fmt_keys = {"pack", "task", "tier", "source"}

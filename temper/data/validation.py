@@ -20,11 +20,11 @@ from pathlib import Path
 from data_contracts.model import Contract, load_contracts
 from data_contracts.runner import DomainReport, GXRunner
 from infra.storage import join, put_dir
-from temper.catalog import Domain
-from temper.datasets import load_dataset
-from temper.errors import DatasetError
-from temper.packs import contract_for
-from temper.settings import Settings, get_settings
+from temper.data.domain import Domain
+from temper.data.datasets import load_dataset
+from temper.core.errors import DatasetError
+from temper.data.packs import contract_for
+from temper.core.settings import Settings, get_settings
 
 
 @dataclass
@@ -243,6 +243,6 @@ def track_validation(summary: ValidationSummary, domains: list[Domain], settings
     for r in summary.reports:
         mlflow.log_metric(f"contract_failures.{r.domain}", len(r.failures) + (1 if r.error else 0))
     mlflow.log_dict(summary.to_dict(), "validation/report.json")
-    mlflow.set_tag("temper.validation", "pass" if summary.success else "fail")
+    mlflow.set_tag("temper.data.validation", "pass" if summary.success else "fail")
     if summary.docs_local:
         mlflow.log_artifacts(str(summary.docs_local), "validation/data_docs")

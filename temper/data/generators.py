@@ -14,6 +14,11 @@ from typing import Any
 
 import pandas as pd
 
+from temper.core.errors import DatasetError
+from temper.core.settings import Settings, get_settings
+from temper.data.datasets import dataset_digest, parse_dataset, write_dataset
+from temper.data.domain import Domain
+
 GeneratorFn = Callable[[random.Random, int], dict[str, Any]]
 GENERATORS: dict[str, Callable[..., pd.DataFrame]] = {}
 
@@ -187,10 +192,10 @@ def _shell_task(rng: random.Random) -> tuple[str, str, str, str]:
                 f"printf '{w}\\n' > draft.txt",
                 f'[ ! -e draft.txt ] && [ "$(cat {w}.md)" = "{w}" ]', f"mv draft.txt {w}.md")
     if kind == 2:
-        return (f"Write the number of lines of data.csv into count.txt.",
+        return ("Write the number of lines of data.csv into count.txt.",
                 f"seq 1 {n * 3} > data.csv",
                 f'[ "$(tr -d "[:space:]" < count.txt)" = "{n * 3}" ]', "wc -l < data.csv > count.txt")
-    return (f"Delete every .log file in logs/ but keep the other files.",
+    return ("Delete every .log file in logs/ but keep the other files.",
             f"mkdir -p logs && for i in $(seq 1 {n}); do echo x > logs/$i.log; echo y > logs/$i.keep; done",
             f'[ -z "$(ls logs/*.log 2>/dev/null)" ] && [ "$(ls logs | wc -l)" = "{n}" ]', "rm -f logs/*.log")
 
@@ -207,17 +212,16 @@ def shell_tasks(rows: int, seed: int = 0, eval_fraction: float = 0.1) -> pd.Data
 @generator("reasoning_gym")
 def reasoning_gym(rows: int, seed: int = 0, eval_fraction: float = 0.1, task: str = "", tier: str = "default",
                   name: str = "") -> pd.DataFrame:
-    """One reasoning_gym pack domain (temper.packs), generated in a worker with a pinned hash seed.
+    """One reasoning_gym pack domain (temper.data.packs), generated in a worker with a pinned hash seed.
 
-    `temper data generate` generates pack domains in bulk instead (temper.pack_data: parallel,
+    `temper data generate` generates pack domains in bulk instead (temper.data.pack_data: parallel,
     cached, contract-checked); this is the one-domain path every other caller gets.
     """
     import tempfile
     from pathlib import Path
 
-    from temper.datasets import parse_dataset
-    from temper.errors import DatasetError
-    from temper.packs_reasoning_gym import generate_many
+    from temper.core.errors import DatasetError
+    from temper.data.packs_reasoning_gym import generate_many
 
     with tempfile.TemporaryDirectory(prefix="temper-rg-") as tmp:
         out = str(Path(tmp) / "rows.jsonl")
@@ -229,7 +233,7 @@ def reasoning_gym(rows: int, seed: int = 0, eval_fraction: float = 0.1, task: st
 
 
 def generate(name: str, rows: int, seed: int, eval_fraction: float, params: dict[str, Any]) -> pd.DataFrame:
-    from temper.errors import DatasetError
+    from temper.core.errors import DatasetError
 
     try:
         fn = GENERATORS[name]
@@ -241,24 +245,44 @@ def generate(name: str, rows: int, seed: int, eval_fraction: float, params: dict
         raise DatasetError(f"generator {name}: bad generator_params {params}: {e}") from None
 
 
-# Public benchmarks: the data comes from an installed package through temper/formats (imported
+# Public benchmarks: the data comes from an installed package through temper/data/formats (imported
 # only when generated, so loading the catalog never imports them).
 @generator("humaneval")
 def humaneval(rows: int, seed: int = 0, eval_fraction: float = 1.0, **params: Any) -> pd.DataFrame:
-    from temper.formats.humaneval import humaneval_frame
+    from temper.data.formats.humaneval import humaneval_frame
 
     return humaneval_frame(rows, seed, eval_fraction, **params)
 
 
 @generator("bfcl")
 def bfcl(rows: int, seed: int = 0, eval_fraction: float = 1.0, **params: Any) -> pd.DataFrame:
-    from temper.formats.bfcl import bfcl_frame
+    from temper.data.formats.bfcl import bfcl_frame
 
     return bfcl_frame(rows, seed, eval_fraction, **params)
 
 
 @generator("nl2bash")
 def nl2bash(rows: int, seed: int = 0, eval_fraction: float = 1.0, **params: Any) -> pd.DataFrame:
-    from temper.formats.nl2bash import vendored_frame
+    from temper.data.formats.nl2bash import vendored_frame
 
     return vendored_frame(rows, seed, eval_fraction, **params)
+
+
+def generate_domain_dataset(domain: Domain, settings: Settings | None = None, overwrite: bool = False) -> tuple[str, str, bool]:
+    """Write a starter domain's dataset to the store; returns (uri, digest, written).
+
+    An existing file is kept unless ``overwrite``: generation is deterministic, so
+    rewriting only matters after the generator or its parameters changed.
+    """
+    from infra.storage import exists
+
+    settings = settings or get_settings()
+    if not domain.dataset.generator:
+        raise DatasetError(f"domain {domain.name} has no dataset.generator; its data is brought, not generated")
+    uri = domain.dataset_uri(settings.resolved_storage_root)
+    if exists(uri, settings) and not overwrite:
+        return uri, dataset_digest(domain, settings), False
+    frame = generate(domain.dataset.generator, domain.dataset.rows, domain.dataset.seed,
+                     domain.split.eval_fraction, domain.dataset.generator_params)
+    uri, digest = write_dataset(domain, frame, settings)
+    return uri, digest, True

@@ -14,7 +14,7 @@ from typing import Any, TypeVar
 import yaml
 from pydantic import BaseModel, ValidationError
 
-from temper.errors import TemperError, describe_validation_error
+from temper.core.errors import TemperError, describe_validation_error
 
 M = TypeVar("M", bound=BaseModel)
 

@@ -6,7 +6,7 @@ to work on) and an empty ``check``; such domains use the terminal family with ``
 which compares what the completion prints with what the reference prints on the same fixture.
 
 No package ships NL2Bash, so a 102-pair subset of its corpus is vendored under its MIT licence in
-``temper/formats/data/nl2bash`` (SOURCE.md says where from and how the pairs were chosen: each
+``temper/data/formats/data/nl2bash`` (SOURCE.md says where from and how the pairs were chosen: each
 reference runs on FIXTURE and prints something that tells it from a wrong command).
 """
 
@@ -17,8 +17,8 @@ from typing import Any
 
 import pandas as pd
 
-from temper.errors import DatasetError
-from temper.formats import stable_split
+from temper.core.errors import DatasetError
+from temper.data.formats import stable_split
 
 VENDORED = Path(__file__).parent / "data" / "nl2bash"
 

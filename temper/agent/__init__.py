@@ -1,0 +1,1 @@
+"""Multi-step agent episodes in the sandbox, recorded as trajectories and replayed."""
