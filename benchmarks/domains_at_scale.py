@@ -113,7 +113,7 @@ def bench_validation(domains) -> tuple[float, float]:
 
 def bench_flow_validate(cat: Path) -> float:
     from flows.validate_data import validate_data
-    from temper.lifecycle.params.params import ValidateParams
+    from temper.lifecycle.params import ValidateParams
     from temper.core.settings import get_settings
 
     os.environ["TEMPER_CATALOG_DIR"] = str(cat)
@@ -132,7 +132,7 @@ def bench_eval(cat: Path, names: list[str], model: str, per_process: bool) -> tu
     from prefect import flow
 
     from tasks.evaluation import evaluate
-    from temper.lifecycle.params.params import EvalSettings
+    from temper.lifecycle.params import EvalSettings
     from temper.core.settings import get_settings
 
     os.environ["TEMPER_CATALOG_DIR"] = str(cat)

@@ -87,7 +87,7 @@ def score_domain(model_dir: str, domain_name: str, settings) -> dict:
     import asyncio
 
     from temper.data.datasets import load_dataset
-    from temper.lifecycle.params.evaluation import summary
+    from temper.lifecycle.evaluation import summary
     from temper.core.settings import get_settings
     from temper.verifiers import get_verifier
     from workloads.evaluate import _score_all
@@ -209,7 +209,7 @@ def run(sizes: list[int], tmp: Path) -> tuple[dict, dict, float]:
     from tasks.data import resolve_domains, validate_domain
     from temper.data.catalog import load_catalog
     from temper.data.generators import generate_domain_dataset
-    from temper.lifecycle.params.params import EvalSettings
+    from temper.lifecycle.params import EvalSettings
     from temper.core.settings import get_settings
 
     get_settings.cache_clear()

@@ -13,13 +13,13 @@ from tasks.data import resolve_domains
 from tasks.evaluation import evaluate as evaluate_suite
 from tasks.evaluation import fetch_model, tag_version
 from temper.core.errors import TemperError
-from temper.lifecycle.params.params import EvaluateParams
+from temper.lifecycle.params import EvaluateParams
 
 
 @flow(name="evaluate", log_prints=True)
 def evaluate(params: EvaluateParams = EvaluateParams()) -> dict:
     from infra import lineage
-    from temper.lifecycle.params.report import before_after_markdown
+    from temper.lifecycle.report import before_after_markdown
 
     logger = get_run_logger()
     model = fetch_model(params.model_name, params.version)

@@ -21,7 +21,7 @@ from tasks.registry import champion, close_lifecycle, gate, open_lifecycle, regi
 from tasks.training import prepare_base_model, train_stage
 from temper.data.catalog import split_by_role
 from temper.core.errors import ContractViolation
-from temper.lifecycle.params.params import PostTrainingParams
+from temper.lifecycle.params import PostTrainingParams
 from temper.data.validation import validation_workers
 
 REPORT_KEY = "post-training-report"
@@ -35,7 +35,7 @@ def _lifecycle_link(run_id: str) -> str:
     from mlflow.tracking import MlflowClient
 
     from infra import lineage
-    from temper.lifecycle.params.report import run_link
+    from temper.lifecycle.report import run_link
 
     uri = lineage.configure()
     return run_link(uri, MlflowClient().get_run(run_id).info.experiment_id, run_id)
@@ -43,7 +43,7 @@ def _lifecycle_link(run_id: str) -> str:
 
 @flow(name="post_training", log_prints=True)
 def post_training(params: PostTrainingParams = PostTrainingParams()) -> dict:
-    from temper.lifecycle.params.report import post_training_markdown, validation_markdown
+    from temper.lifecycle.report import post_training_markdown, validation_markdown
 
     logger = get_run_logger()
     run_key = f"pt-{(flow_run.get_id() or 'local')[:8]}"

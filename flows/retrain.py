@@ -14,13 +14,13 @@ from prefect import flow, get_run_logger, task
 
 from flows.post_training import post_training
 from tasks.data import resolve_domains
-from temper.lifecycle.params.params import RetrainParams
+from temper.lifecycle.params import RetrainParams
 
 
 @task(retries=3, retry_delay_seconds=[2, 5, 15])
 def latest_trained(model_name: str) -> tuple[str | None, dict[str, str] | None]:
     from infra import lineage
-    from temper.lifecycle.params.retraining import latest_trained
+    from temper.lifecycle.retraining import latest_trained
 
     lineage.configure()
     return latest_trained(model_name)
@@ -28,7 +28,7 @@ def latest_trained(model_name: str) -> tuple[str | None, dict[str, str] | None]:
 
 @flow(name="retrain", log_prints=True)
 def retrain(params: RetrainParams = RetrainParams()) -> dict:
-    from temper.lifecycle.params.retraining import changed_domains
+    from temper.lifecycle.retraining import changed_domains
 
     logger = get_run_logger()
     pt = params.post_training

@@ -11,8 +11,8 @@ from prefect.artifacts import create_markdown_artifact
 
 from tasks.data import resolve_domains, validate_domain
 from tasks.tracking import record_validation
-from temper.lifecycle.params.params import ValidateParams
-from temper.lifecycle.params.report import validation_markdown
+from temper.lifecycle.params import ValidateParams
+from temper.lifecycle.report import validation_markdown
 from temper.data.validation import validation_workers
 
 

@@ -13,7 +13,7 @@ from pathlib import Path
 from prefect import get_run_logger, task
 
 from infra.jobspec import JobSpec
-from temper.lifecycle.params.params import EvalSettings
+from temper.lifecycle.params import EvalSettings
 
 
 @task(retries=1, retry_delay_seconds=5, task_run_name="eval-{label}")
@@ -26,7 +26,7 @@ def evaluate(model_dir: str, domains: list[str], settings: EvalSettings, label: 
     """
     from infra.launcher_local import run_job
     from temper.core.errors import TemperError
-    from temper.lifecycle.params.evaluation import record_eval, summary
+    from temper.lifecycle.evaluation import record_eval, summary
 
     logger = get_run_logger()
     out = Path(tempfile.mkdtemp(prefix="temper-eval-"))

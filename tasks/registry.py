@@ -6,7 +6,7 @@ from prefect import task
 
 from data_contracts.runner import DomainReport
 from temper.gate import GateDecision, PromotionPolicy
-from temper.lifecycle.params.params import PostTrainingParams
+from temper.lifecycle.params import PostTrainingParams
 
 _MLFLOW_RETRY = dict(retries=3, retry_delay_seconds=[2, 5, 15])
 

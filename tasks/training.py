@@ -12,7 +12,7 @@ from pathlib import Path
 import yaml
 from prefect import get_run_logger, task
 
-from temper.lifecycle.params.params import PostTrainingParams
+from temper.lifecycle.params import PostTrainingParams
 from temper.training.config import SFTSettings, TrainConfig
 from temper.training.progress import is_progress
 

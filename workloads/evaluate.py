@@ -21,7 +21,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from temper.lifecycle.params.params import EvalSettings
+from temper.lifecycle.params import EvalSettings
 
 
 @dataclass

@@ -25,7 +25,7 @@ def demo(args: argparse.Namespace) -> int:
     from infra import lineage
     from temper.data.catalog import load_catalog, select_domains
     from temper.data.generators import generate_domain_dataset
-    from temper.lifecycle.params.params import PostTrainingParams, load_params
+    from temper.lifecycle.params import PostTrainingParams, load_params
 
     params = load_params(args.params) if args.params else PostTrainingParams()
     if args.domain:

@@ -8,7 +8,7 @@ code never branch on the backend.
 For eval: ``generate(prompts, max_tokens, temperature=0)`` -> one greedy completion per prompt.
 For GRPO: ``generate(prompts, max_tokens, temperature=1.0, n=G)`` -> a group of G per prompt (one
 request per prompt with ``n``, so the server prefills the prompt once and decodes the group as a
-batch). For agents: ``ChatPolicy`` is a ``temper.agent.episodes.episodes.Policy`` whose episode is one growing chat,
+batch). For agents: ``ChatPolicy`` is a ``temper.agent.episodes.Policy`` whose episode is one growing chat,
 so each turn reuses the KV of the turns before it.
 """
 
@@ -174,7 +174,7 @@ def chat(conversations: list[list[dict[str, str]]], max_tokens: int = 256, tempe
 
 
 class ChatPolicy:
-    """A ``temper.agent.episodes.episodes.Policy`` served by the rollout backend.
+    """A ``temper.agent.episodes.Policy`` served by the rollout backend.
 
     The episode is one chat: [system], user: instruction, then (assistant: action, user: observation)
     per turn, so every request extends the previous one and the server's prefix cache holds its

@@ -34,7 +34,7 @@ def test_downweighted_judge_domain_is_sampled_at_its_reduced_weight_by_grpo(temp
     from tasks.data import DomainRef, calibration_gate
     from tasks.training import stage_config
     from temper.data.catalog import load_catalog
-    from temper.lifecycle.params.params import PostTrainingParams
+    from temper.lifecycle.params import PostTrainingParams
     from temper.training.run import new_sampler
 
     catalog_dir = _catalog(tmp_path, "downweight")

@@ -54,7 +54,7 @@ def _report_artifact(flow_run_id) -> str:
 
 
 def _small_params(**kw):
-    from temper.lifecycle.params.params import EvalSettings, GRPOSettings, PostTrainingParams, SFTStage
+    from temper.lifecycle.params import EvalSettings, GRPOSettings, PostTrainingParams, SFTStage
 
     fields = dict(model_name=MODEL, domains=["arithmetic", "multiplication"], sft=SFTStage(max_steps=60),
                   grpo=GRPOSettings(max_steps=4), eval=EvalSettings(limit=32))
@@ -67,7 +67,7 @@ def test_post_training_end_to_end_then_evaluate_and_retrain(flow_env, mlflow_ser
     from flows.evaluate import evaluate
     from flows.post_training import post_training
     from flows.retrain import retrain
-    from temper.lifecycle.params.params import EvalSettings, EvaluateParams, RetrainParams
+    from temper.lifecycle.params import EvalSettings, EvaluateParams, RetrainParams
 
     state = post_training(_small_params(), return_state=True)
     assert state.is_completed(), state.message
@@ -150,7 +150,7 @@ def test_retrain_on_changed_data_registers_a_gated_version_then_rests(flow_env, 
     from temper.data.catalog import load_catalog
     from temper.data.datasets import DATASET_LISTENERS, read_dataset, write_dataset
     from temper.gate import PromotionPolicy
-    from temper.lifecycle.params.params import EvalSettings, GRPOSettings, RetrainParams, SFTStage
+    from temper.lifecycle.params import EvalSettings, GRPOSettings, RetrainParams, SFTStage
     from temper.core.settings import get_settings
 
     name = "temper-retrain"
@@ -184,7 +184,7 @@ def test_retrain_on_changed_data_registers_a_gated_version_then_rests(flow_env, 
     # Unchanged data after a failed candidate: the latest version (v2, @candidate) was trained on it.
     # Compared with the champion (the old rule), multiplication would count as changed, every night.
     from temper.data.datasets import load_dataset
-    from temper.lifecycle.params.retraining import changed_domains, trained_digests
+    from temper.lifecycle.retraining import changed_domains, trained_digests
 
     now = {n: load_dataset(load_catalog(get_settings().catalog_dir)[n]).digest for n in ("arithmetic", "multiplication")}
     assert changed_domains(trained_digests(client.get_model_version(name, v1)), now) == ["multiplication"]

@@ -32,7 +32,7 @@ def _task_runs(flow_run_id):
 
 def test_validate_flow_maps_per_domain_and_caches_by_digest(flow_env):
     from flows.validate_data import validate_data
-    from temper.lifecycle.params.params import ValidateParams
+    from temper.lifecycle.params import ValidateParams
 
     params = ValidateParams(domains=["arithmetic", "tool_calls"])
     state = validate_data(params, return_state=True)
@@ -51,7 +51,7 @@ def test_validate_flow_reports_violation(flow_env):
     from flows.validate_data import validate_data
     from temper.data.catalog import load_catalog
     from temper.data.datasets import read_dataset, serialize_dataset
-    from temper.lifecycle.params.params import ValidateParams
+    from temper.lifecycle.params import ValidateParams
     from temper.core.settings import get_settings
 
     d = load_catalog(get_settings().catalog_dir)["tool_calls"]

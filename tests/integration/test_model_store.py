@@ -48,9 +48,9 @@ def _register(home: Path) -> dict:
     from temper.data.catalog import load_catalog
     from temper.cli import main
     from temper.data.datasets import load_dataset
-    from temper.lifecycle.params.evaluation import record_eval
+    from temper.lifecycle.evaluation import record_eval
     from temper.gate import GateDecision
-    from temper.lifecycle.params.params import EvalSettings, PostTrainingParams
+    from temper.lifecycle.params import EvalSettings, PostTrainingParams
     from temper.core.settings import get_settings
     from temper.training.tiny import init_tiny
 

@@ -4,7 +4,7 @@ import pytest
 
 from infra.sandbox import SandboxPool
 from infra.sandbox.bwrap import bwrap_available
-from temper.agent.episodes.episodes import ScriptedPolicy, TerminalEnv, load_episode, replay_episode, run_episode
+from temper.agent.episodes import ScriptedPolicy, TerminalEnv, load_episode, replay_episode, run_episode
 from temper.data.generators import generate
 
 pytestmark = pytest.mark.skipif(not bwrap_available(), reason="needs bubblewrap (apt-get install bubblewrap)")

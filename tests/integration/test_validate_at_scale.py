@@ -84,7 +84,7 @@ def test_cli_validates_300_domains_in_worker_processes(big_catalog, capsys):
 def test_validate_flow_maps_300_domains_and_reports_the_broken_one(big_catalog, prefect_api, mlflow_server,
                                                                     monkeypatch):
     from flows.validate_data import validate_data
-    from temper.lifecycle.params.params import ValidateParams
+    from temper.lifecycle.params import ValidateParams
     from temper.core.settings import get_settings
 
     monkeypatch.setenv("TEMPER_TRACKING_URI", mlflow_server)

@@ -21,7 +21,7 @@ def main(argv: list[str]) -> int:
     from prefect import serve
 
     from flows.deployments import load_flow, read_entries
-    from temper.lifecycle.params.params import PostTrainingParams
+    from temper.lifecycle.params import PostTrainingParams
 
     params = PostTrainingParams.model_validate(json.loads(argv[0]) if argv else {})
     entry = next((e for e in read_entries() if e.name == NAME), None)

@@ -10,7 +10,7 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 def test_changed_domains_against_the_trained_digests():
-    from temper.lifecycle.params.retraining import changed_domains
+    from temper.lifecycle.retraining import changed_domains
 
     a, b = "a" * 64, "b" * 64
     assert changed_domains(None, {"x": a, "y": b}) == ["x", "y"]  # no version yet: everything

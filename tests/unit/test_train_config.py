@@ -9,7 +9,7 @@ import yaml
 from pydantic import ValidationError
 
 from temper.core.errors import TemperError
-from temper.lifecycle.params.params import GRPOSettings, PostTrainingParams, SFTStage, load_params
+from temper.lifecycle.params import GRPOSettings, PostTrainingParams, SFTStage, load_params
 from temper.training.config import SFTSettings, TrainConfig, TrainingError, load_config
 from tests.conftest import REPO
 
