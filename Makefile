@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 # The CPU torch wheel lives on local disk on this kind of machine; elsewhere pip uses the index.
 FIND_LINKS := $(if $(wildcard /opt/wheels),--find-links /opt/wheels,)
 
-.PHONY: demo test test-unit test-integration system-deps bench clean realistic
+.PHONY: demo test test-fast test-unit test-integration system-deps bench clean realistic
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -25,6 +25,11 @@ demo: $(STAMP)
 
 test: $(STAMP) system-deps
 	$(PY) -m pytest -q tests
+
+# The inner loop: everything but the tests marked slow (training runs, hundreds of domains, the
+# browser, whole public benchmarks). CI runs `make test`, all of them.
+test-fast: $(STAMP) system-deps
+	$(PY) -m pytest -q -m "not slow" tests
 
 test-unit: $(STAMP)
 	$(PY) -m pytest -q tests/unit

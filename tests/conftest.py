@@ -25,3 +25,20 @@ def temper_home(tmp_path, monkeypatch):
     get_settings.cache_clear()
     yield tmp_path / "home"
     get_settings.cache_clear()
+
+
+@pytest.fixture(scope="session")
+def tiny_model(tmp_path_factory):
+    """``tiny_model(**init_tiny_kwargs)`` -> the folder of a tiny random Llama, made once per
+    distinct set of arguments in the test session (tests that must not share a model use their own)."""
+    from temper.training.tiny import init_tiny
+
+    made: dict[tuple, str] = {}
+
+    def make(**kwargs) -> str:
+        key = tuple(sorted(kwargs.items()))
+        if key not in made:
+            made[key] = str(init_tiny(tmp_path_factory.mktemp("tiny") / "model", **kwargs))
+        return made[key]
+
+    return make

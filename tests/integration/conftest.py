@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -37,12 +38,18 @@ def _wait_http(url: str, proc: subprocess.Popen, timeout: float, log: Path) -> N
     raise RuntimeError(f"{url} not healthy after {timeout}s: {log.read_text()[-2000:]}")
 
 
-def _stop(proc: subprocess.Popen) -> None:
-    proc.terminate()
-    try:
-        proc.wait(10)
-    except subprocess.TimeoutExpired:
-        proc.kill()
+def stop_process(proc: subprocess.Popen, grace_s: float = 15) -> None:
+    """SIGTERM, then SIGKILL, to the process's whole session (servers' workers, flow-run and
+    training children too): every server here is started with ``start_new_session=True``."""
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        try:
+            os.killpg(proc.pid, sig)
+            proc.wait(grace_s)
+            return
+        except ProcessLookupError:
+            return
+        except subprocess.TimeoutExpired:
+            continue
 
 
 @pytest.fixture(scope="session")
@@ -60,7 +67,7 @@ def mlflow_server(tmp_path_factory):
     uri = f"http://127.0.0.1:{port}"
     _wait_http(uri + "/health", proc, 120, log)
     yield uri
-    _stop(proc)
+    stop_process(proc)
 
 
 @pytest.fixture(scope="session")
@@ -75,7 +82,7 @@ def s3_server(tmp_path_factory):
     url = f"http://127.0.0.1:{port}"
     _wait_http(url, proc, 60, log)
     yield url
-    _stop(proc)
+    stop_process(proc)
 
 
 @pytest.fixture
@@ -109,3 +116,20 @@ def prefect_api(tmp_path_factory):
         from prefect.settings import PREFECT_API_URL
 
         yield PREFECT_API_URL.value()
+
+
+@pytest.fixture
+def tracked(temper_home, mlflow_server, monkeypatch):
+    """The embedded home, tracking to the session's MLflow server."""
+    from temper.core.settings import get_settings
+
+    monkeypatch.setenv("TEMPER_TRACKING_URI", mlflow_server)
+    get_settings.cache_clear()
+    return mlflow_server
+
+
+def generate(*domains: str) -> None:
+    """Write the named catalog domains' datasets, as `temper data generate --domain ...` does."""
+    from temper.cli import main
+
+    assert main(["data", "generate", *[a for d in domains for a in ("--domain", d)]]) == 0

@@ -7,6 +7,8 @@ trainer's own domain sampler built from it.
 
 from __future__ import annotations
 
+import pytest
+
 import collections
 import shutil
 from pathlib import Path
@@ -14,6 +16,9 @@ from pathlib import Path
 import yaml
 
 from tests.conftest import REPO
+
+pytestmark = pytest.mark.slow  # trains or runs whole benchmarks: `make test-fast` skips it
+
 
 RUBRIC = {"name": "t", "criteria": [{"name": "c", "description": "good"}], "scale": {"min": 1, "max": 5}}
 

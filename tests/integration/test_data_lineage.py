@@ -4,18 +4,8 @@ from __future__ import annotations
 
 import json
 
-import pytest
 
 from temper.cli import main
-
-
-@pytest.fixture
-def tracked(temper_home, mlflow_server, monkeypatch):
-    from temper.core.settings import get_settings
-
-    monkeypatch.setenv("TEMPER_TRACKING_URI", mlflow_server)
-    get_settings.cache_clear()
-    return mlflow_server
 
 
 def test_generate_validate_and_lineage_round_trip(tracked, capsys):

@@ -19,6 +19,9 @@ from temper.data.formats.nl2bash import to_records as nl2bash_records
 from temper.data.generators import generate
 from temper.verifiers import get_verifier
 
+pytestmark = pytest.mark.slow  # trains or runs whole benchmarks: `make test-fast` skips it
+
+
 REPO = Path(__file__).resolve().parents[2]
 CATALOG = load_catalog(REPO / "domains")
 

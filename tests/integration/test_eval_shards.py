@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 import json
 import os
 import subprocess
@@ -9,6 +11,9 @@ import sys
 from pathlib import Path
 
 from temper.training.tiny import init_tiny
+
+pytestmark = pytest.mark.slow  # trains or runs whole benchmarks: `make test-fast` skips it
+
 
 DOMAINS = ["arithmetic", "multiplication", "tool_calls"]
 

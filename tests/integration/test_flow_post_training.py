@@ -12,18 +12,17 @@ import time
 
 import pytest
 
+from tests.integration.conftest import generate
+
+pytestmark = pytest.mark.slow  # trains or runs whole benchmarks: `make test-fast` skips it
+
+
 MODEL = "temper-flow-test"
 
 
 @pytest.fixture
-def flow_env(temper_home, mlflow_server, prefect_api, monkeypatch):
-    from temper.core.settings import get_settings
-
-    monkeypatch.setenv("TEMPER_TRACKING_URI", mlflow_server)
-    get_settings.cache_clear()
-    from temper.cli import main
-
-    assert main(["data", "generate", "--domain", "arithmetic", "--domain", "multiplication"]) == 0
+def flow_env(tracked, prefect_api):
+    generate("arithmetic", "multiplication")
     return prefect_api
 
 

@@ -6,16 +6,12 @@ import asyncio
 
 import pytest
 
+from tests.integration.conftest import generate
+
 
 @pytest.fixture
-def flow_env(temper_home, mlflow_server, prefect_api, monkeypatch):
-    from temper.core.settings import get_settings
-
-    monkeypatch.setenv("TEMPER_TRACKING_URI", mlflow_server)
-    get_settings.cache_clear()
-    from temper.cli import main
-
-    assert main(["data", "generate", "--domain", "arithmetic", "--domain", "tool_calls"]) == 0
+def flow_env(tracked, prefect_api):
+    generate("arithmetic", "tool_calls")
     return prefect_api
 
 

@@ -10,15 +10,6 @@ import pytest
 RUBRIC = {"name": "t", "criteria": [{"name": "c", "description": "good"}], "scale": {"min": 1, "max": 5}}
 
 
-@pytest.fixture
-def tracked(temper_home, mlflow_server, monkeypatch):
-    from temper.core.settings import get_settings
-
-    monkeypatch.setenv("TEMPER_TRACKING_URI", mlflow_server)
-    get_settings.cache_clear()
-    return mlflow_server
-
-
 def _labels(domain: str, judge: list[float], human: list[int]):
     from temper.judges.labels import label_record, write_labels
     from temper.judges.review import JudgedItem

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 import requests
 
-from tests.integration.conftest import _stop, _wait_http, free_port
+from tests.integration.conftest import _wait_http, free_port, stop_process
 
 MODEL = "temper-demo"
 BIN = Path(sys.executable).parent
@@ -185,7 +185,7 @@ def test_temper_up_mlflow_server_serves_the_store_the_demo_wrote(registry, tmp_p
                              timeout=300)
         assert out.stdout.strip().endswith("TextGenerationPipeline"), out.stderr[-2000:]
     finally:
-        _stop(proc)
+        stop_process(proc)
 
 
 def test_temper_train_register_as_writes_a_logged_model_too(registry):

@@ -16,7 +16,8 @@ from infra.sandbox.bwrap import bwrap_available
 from temper.data.formats.humaneval import load_humaneval, packaged_path, read_jsonl
 from temper.verifiers import get_verifier
 
-pytestmark = pytest.mark.skipif(not bwrap_available(), reason="needs bubblewrap (apt-get install bubblewrap)")
+pytestmark = [pytest.mark.skipif(not bwrap_available(), reason="needs bubblewrap (apt-get install bubblewrap)"),
+              pytest.mark.slow]  # whole benchmarks: `make test-fast` skips it
 
 # (find, replace): one-token mutations of the kind a model gets wrong
 MUTATIONS = [("==", "!="), (" < ", " <= "), (" > ", " >= "), ("+ 1", "+ 2"), ("- 1", "- 2"), (" + ", " - "),

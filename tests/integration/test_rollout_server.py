@@ -19,7 +19,6 @@ from temper.rollout.config import EngineConfig, LaneConfig, RolloutSettings
 from temper.rollout.decoding import SamplingParams
 from temper.rollout.engine import Engine
 from temper.rollout.server import EmbeddedServer
-from temper.training.tiny import init_tiny
 from tests.integration.conftest import free_port
 
 LANES = [LaneConfig(name="short", max_prompt_tokens=200, max_queued=1, max_running=1),
@@ -38,8 +37,8 @@ def one_torch_thread():
 
 
 @pytest.fixture(scope="module")
-def tiny(tmp_path_factory):
-    return init_tiny(tmp_path_factory.mktemp("tiny"), max_positions=4096)
+def tiny(tiny_model):
+    return tiny_model(max_positions=4096)
 
 
 @pytest.fixture(scope="module")

@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import signal
 import subprocess
 import sys
 import time
@@ -20,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.integration.conftest import BIN, _wait_http, free_port
+from tests.integration.conftest import BIN, _wait_http, free_port, stop_process
 
 CHROMIUM = Path("/usr/bin/chromium")
 HERE = Path(__file__).resolve().parent
@@ -43,19 +42,6 @@ def _log_tail(path: Path, n: int = 3000) -> str:
     return f"--- {path.name} ---\n" + (path.read_text(errors="replace")[-n:] if path.exists() else "(none)")
 
 
-def _stop(proc: subprocess.Popen) -> None:
-    """SIGTERM, then SIGKILL, to the whole session (flow-run and training children too)."""
-    for sig in (signal.SIGTERM, signal.SIGKILL):
-        try:
-            os.killpg(proc.pid, sig)
-            proc.wait(15)
-            return
-        except ProcessLookupError:
-            return
-        except subprocess.TimeoutExpired:
-            continue
-
-
 @pytest.fixture
 def prefect_server(tmp_path):
     """`prefect server start` with its own PREFECT_HOME; yields (API URL, base env, log)."""
@@ -74,7 +60,7 @@ def prefect_server(tmp_path):
         _wait_http(f"{url}/api/health", proc, 180, log)
         yield f"{url}/api", env, log
     finally:
-        _stop(proc)
+        stop_process(proc)
 
 
 @pytest.fixture
@@ -97,7 +83,7 @@ def served_deployment(temper_home, mlflow_server, prefect_server, tmp_path):
     try:
         yield api, log, server_log, proc
     finally:
-        _stop(proc)
+        stop_process(proc)
 
 
 def _prefect(api: str, fn):

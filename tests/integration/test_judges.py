@@ -20,10 +20,8 @@ RUBRIC = {"name": "t", "criteria": [{"name": "c", "description": "good"}], "scal
 
 
 @pytest.fixture(scope="module")
-def tiny(tmp_path_factory) -> str:
-    from temper.training.tiny import init_tiny
-
-    return str(init_tiny(tmp_path_factory.mktemp("judge") / "tiny"))
+def tiny(tiny_model) -> str:
+    return tiny_model()
 
 
 # ---- rubrics ----------------------------------------------------------------------------------

@@ -9,7 +9,6 @@ from transformers import GenerationConfig
 from temper.rollout.config import EngineConfig, LaneConfig, PrefixCacheConfig
 from temper.rollout.decoding import SamplingParams
 from temper.rollout.engine import Engine
-from temper.training.tiny import init_tiny
 
 SYSTEM = "system: you are a careful assistant. Answer with one number and nothing else.\n"
 PROMPTS = [SYSTEM + f"user: what is {i} + {3 * i}?\nassistant: " for i in range(6)]
@@ -27,8 +26,8 @@ def one_torch_thread():
 
 
 @pytest.fixture(scope="module")
-def tiny(tmp_path_factory):
-    return init_tiny(tmp_path_factory.mktemp("tiny"), max_positions=2048)
+def tiny(tiny_model):
+    return tiny_model(max_positions=2048)
 
 
 @pytest.fixture(scope="module")
