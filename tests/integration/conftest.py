@@ -133,3 +133,15 @@ def generate(*domains: str) -> None:
     from temper.cli import main
 
     assert main(["data", "generate", *[a for d in domains for a in ("--domain", d)]]) == 0
+
+
+@pytest.fixture(scope="module")
+def one_torch_thread():
+    """One intra-op torch thread for a module's in-process models on the shared 2-core machine;
+    restored for whatever runs after the module (``pytestmark = pytest.mark.usefixtures(...)``)."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)

@@ -16,13 +16,7 @@ GREEDY = SamplingParams(max_tokens=24, temperature=0.0)
 ONE_LANE = [LaneConfig(name="short", max_prompt_tokens=2048, prefill_chunk_tokens=16)]
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_torch_thread():
-    """One intra-op thread on a shared 2-core machine; restored for whatever runs after this module."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 @pytest.fixture(scope="module")

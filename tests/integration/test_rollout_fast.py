@@ -3,7 +3,6 @@ output and a recorded speed-up; a variant whose output differs (draft tokens ser
 and registering it never sets the serving alias."""
 
 import pytest
-import torch
 
 from temper.rollout.config import EngineConfig, LaneConfig, SpeculativeConfig
 from temper.rollout.engine import Engine
@@ -15,13 +14,7 @@ PROMPTS = [f"user: what is {i} * {i + 2}?\nassistant: " for i in range(4)]
 LANES = [LaneConfig(name="short", max_prompt_tokens=512)]
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_torch_thread():
-    """One intra-op thread on a shared 2-core machine; restored for whatever runs after this module."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 @pytest.fixture(scope="module")

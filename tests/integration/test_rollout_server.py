@@ -27,13 +27,7 @@ LANES = [LaneConfig(name="short", max_prompt_tokens=200, max_queued=1, max_runni
 PROMPT = "system: be brief.\nuser: what is 2 + 2?\nassistant: "
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_torch_thread():
-    """One intra-op thread on a shared 2-core machine; restored for whatever runs after this module."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 @pytest.fixture(scope="module")
