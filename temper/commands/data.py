@@ -29,40 +29,33 @@ def _bar(items: list, desc: str):
 
 
 def generate(args) -> int:
-    """Single-file domains one by one; pack domains together (parallel, cached, contract-checked first).
-
-    Every dataset whose digest changed is announced as a Prefect event (the retrain trigger)."""
+    """Write (or keep) the selected domains' datasets; changed digests are announced as Prefect events."""
     import sys
     import time
 
     from tqdm import tqdm
 
     from temper.data.datasets import DATASET_LISTENERS
-
-    from temper.data.generators import generate_domain_dataset
-    from temper.data.pack_data import generate_pack_datasets
+    from temper.data.generators import generate_datasets
 
     domains = _domains(args)
     start = time.perf_counter()
-    changes = []
-    failed = 0
+    changes, failed = [], 0
+    for d in domains:
+        if not d.dataset.generator and not d._pack:
+            print(f"skip {d.name}: no generator (brought dataset)")
     DATASET_LISTENERS.append(changes.append)
     try:
-        for d in _bar([d for d in domains if not d._pack], "generate"):
-            if not d.dataset.generator:
-                tqdm.write(f"skip {d.name}: no generator (brought dataset)")
-                continue
-            uri, digest, written = generate_domain_dataset(d, overwrite=args.overwrite)
-            tqdm.write(f"{'wrote' if written else 'kept '} {d.name}: {uri} sha256={digest[:12]}")
-        packed = [d for d in domains if d._pack]
-        if packed:
-            for r in generate_pack_datasets(packed, overwrite=args.overwrite, processes=args.processes):
-                if r.status == "failed":
-                    failed += 1
-                    print(f"FAIL  {r.domain}: {r.error}", file=sys.stderr)
-                else:
-                    print(f"{'wrote' if r.status == 'written' else 'kept '} {r.domain}: {r.uri} "
-                          f"sha256={r.digest[:12]}")
+        bar = _bar([], "generate")
+        bar.total = sum(1 for d in domains if d.dataset.generator or d._pack)
+        for r in generate_datasets(domains, overwrite=args.overwrite, processes=args.processes):
+            bar.update()
+            if r.status == "failed":
+                failed += 1
+                tqdm.write(f"FAIL  {r.domain}: {r.error}", file=sys.stderr)
+            else:
+                tqdm.write(f"{'wrote' if r.status == 'written' else 'kept '} {r.domain}: {r.uri} sha256={r.digest[:12]}")
+        bar.close()
     finally:
         DATASET_LISTENERS.remove(changes.append)
     print(f"{len(domains)} domains in {time.perf_counter() - start:.1f}s" + (f"; {failed} failed (nothing written "

@@ -24,7 +24,7 @@ def demo(args: argparse.Namespace) -> int:
 
     from infra import lineage
     from temper.data.catalog import load_catalog, select_domains
-    from temper.data.generators import generate_domain_dataset
+    from temper.data.generators import generate_datasets
     from temper.lifecycle.params import PostTrainingParams, load_params
 
     params = load_params(args.params) if args.params else PostTrainingParams()
@@ -33,10 +33,12 @@ def demo(args: argparse.Namespace) -> int:
     t0 = time.time()
     uri = lineage.configure(settings)
     print(f"[demo] tracking {uri}\n[demo] store    {settings.resolved_storage_root}", flush=True)
-    for d in select_domains(load_catalog(settings.catalog_dir), params.domains):
-        if d.dataset.generator:
-            ds_uri, digest, written = generate_domain_dataset(d, settings)
-            print(f"[demo] {'wrote' if written else 'kept '} {d.name} sha256={digest[:12]} {ds_uri}", flush=True)
+    for r in generate_datasets(select_domains(load_catalog(settings.catalog_dir), params.domains), settings):
+        if r.status == "failed":
+            print(f"[demo] cannot generate {r.domain}: {r.error}")
+            return 1
+        print(f"[demo] {'wrote' if r.status == 'written' else 'kept '} {r.domain} sha256={r.digest[:12]} {r.uri}",
+              flush=True)
 
     from flows.post_training import post_training
 

@@ -120,12 +120,16 @@ def serialize_dataset(frame: pd.DataFrame, fmt: str) -> bytes:
 
 def write_dataset(domain: Domain, frame: pd.DataFrame, settings: Settings | None = None) -> tuple[str, str]:
     """Write a domain's dataset to the store; returns (uri, sha256). A changed digest is announced."""
+    return write_dataset_bytes(domain, serialize_dataset(frame, domain.dataset.format), settings)
+
+
+def write_dataset_bytes(domain: Domain, data: bytes, settings: Settings | None = None) -> tuple[str, str]:
+    """Write a domain's serialized dataset to the store; returns (uri, sha256). A changed digest is announced."""
     from infra.storage import exists, write_bytes_atomic
 
     settings = settings or get_settings()
     uri = domain.dataset_uri(settings.resolved_storage_root)
     previous = dataset_digest(domain, settings) if exists(uri, settings) else None
-    data = serialize_dataset(frame, domain.dataset.format)
     write_bytes_atomic(uri, data, settings)
     digest = hashlib.sha256(data).hexdigest()
     if digest != previous:

@@ -286,3 +286,21 @@ def generate_domain_dataset(domain: Domain, settings: Settings | None = None, ov
                      domain.split.eval_fraction, domain.dataset.generator_params)
     uri, digest = write_dataset(domain, frame, settings)
     return uri, digest, True
+
+
+def generate_datasets(domains: list[Domain], settings: Settings | None = None, *, overwrite: bool = False,
+                      processes: int = 2):
+    """Every generated dataset of ``domains`` written (or kept), as ``PackResult``s in input order:
+    single-file domains one by one, pack domains together (in parallel, cached by their spec,
+    checked against their contract before anything is written). Brought datasets are skipped."""
+    from temper.data.pack_data import PackResult, generate_pack_datasets
+
+    settings = settings or get_settings()
+    for d in domains:
+        if d._pack or not d.dataset.generator:
+            continue
+        uri, digest, written = generate_domain_dataset(d, settings, overwrite)
+        yield PackResult(d.name, uri, "written" if written else "kept", digest)
+    packed = [d for d in domains if d._pack]
+    if packed:
+        yield from generate_pack_datasets(packed, settings, overwrite=overwrite, processes=processes)

@@ -72,6 +72,7 @@ def generate_pack_datasets(domains: list[Domain], settings: Settings | None = No
     """Generate (or keep) the datasets of pack domains; one PackResult per domain, in input order."""
     from data_contracts.runner import GXRunner
     from infra.storage import write_bytes_atomic
+    from temper.data.datasets import write_dataset_bytes
     from temper.data.packs_reasoning_gym import generate_many
 
     settings = settings or get_settings()
@@ -107,7 +108,7 @@ def generate_pack_datasets(domains: list[Domain], settings: Settings | None = No
                     results[d.name] = PackResult(d.name, uri, "failed", error=f"{where}: {error}",
                                                  seconds=reply["seconds"])
                     continue
-                write_bytes_atomic(uri, data, settings)
+                write_dataset_bytes(d, data, settings)  # announces a changed digest (the retrain trigger)
                 write_bytes_atomic(uri + ".spec", key.encode(), settings)  # after the data: a crash regenerates
                 results[d.name] = PackResult(d.name, uri, "written", hashlib.sha256(data).hexdigest(),
                                              seconds=reply["seconds"])
