@@ -144,3 +144,18 @@ def test_domains_list_cli_json_and_pack_filter():
     assert len(everything) > len(rows) and abs(sum(r["share"] for r in everything) - 1) < 1e-3
     bad = run("--pack", "nope")
     assert bad.returncode == 1 and "--pack nope: no such pack; packs: rg" in bad.stderr
+
+
+def test_the_pack_run_is_a_params_file_and_the_same_deployment():
+    """configs/params/reasoning-gym.yaml and the post-training-reasoning-gym deployment say the same
+    thing, validate as PostTrainingParams, and select every domain of the pack."""
+    from flows.deployments import read_entries
+    from temper.data.catalog import load_catalog, select_domains
+    from temper.lifecycle.params import PostTrainingParams, load_params
+
+    from_file = load_params(str(REPO / "configs/params/reasoning-gym.yaml"))
+    (entry,) = [e for e in read_entries() if e.name == "post-training-reasoning-gym"]
+    assert PostTrainingParams.model_validate(entry.parameters["params"]) == from_file
+    catalog = load_catalog(REPO / "domains")
+    chosen = {d.name for d in select_domains(catalog, from_file.domains)}
+    assert chosen == {n for n, d in catalog.items() if d._pack} and len(chosen) >= 300
