@@ -41,13 +41,19 @@ def generate(args) -> int:
         print(f"{'wrote' if written else 'kept '} {d.name}: {uri} sha256={digest[:12]}")
     failed = 0
     packed = [d for d in domains if d._pack]
+
+    def show(r) -> None:
+        if r.status == "failed":
+            print(f"FAIL  {r.domain}: {r.error}", file=sys.stderr, flush=True)
+        else:
+            print(f"{'wrote' if r.status == 'written' else 'kept '} {r.domain}: {r.uri} sha256={r.digest[:12]}", flush=True)
+
     if packed:
-        for r in generate_pack_datasets(packed, overwrite=args.overwrite, processes=args.processes):
-            if r.status == "failed":
-                failed += 1
-                print(f"FAIL  {r.domain}: {r.error}", file=sys.stderr)
-            else:
-                print(f"{'wrote' if r.status == 'written' else 'kept '} {r.domain}: {r.uri} sha256={r.digest[:12]}")
+        results = generate_pack_datasets(packed, overwrite=args.overwrite, processes=args.processes, progress=show)
+        for r in results:
+            failed += r.status == "failed"
+            if r.status == "kept":
+                show(r)
     print(f"{len(domains)} domains in {time.perf_counter() - start:.1f}s" + (f"; {failed} failed (nothing written "
           "for them)" if failed else ""))
     return 1 if failed else 0
