@@ -61,7 +61,11 @@ def score_all(verifier, pairs):
 
 
 def perturb(answer: str) -> str:
-    return "9" + answer[::-1] + "#"
+    """A wrong answer: booleans flipped, otherwise reversed with junk around (palindromes: doubled)."""
+    flips = {"True": "False", "False": "True", "Yes": "No", "No": "Yes"}
+    if answer in flips:
+        return flips[answer]
+    return "9" + (answer[::-1] if answer[::-1] != answer else answer + " " + answer) + "#"
 
 
 def test_oracle_scores_1_perturbed_below_1_and_rewards_equal_reasoning_gym(one_row_per_task):
@@ -115,8 +119,9 @@ def test_hedging_empty_echoed_and_huge_answers(one_row_per_task):
 
 
 def test_hostile_answer_to_an_eval_scorer_cannot_touch_the_host(one_row_per_task, tmp_path):
-    """string_insertion eval()s the answer. The payloads return the oracle (reward 1) only if they could
-    read /etc/shadow or write outside the sandbox; they score 0 and the host file never appears."""
+    """string_insertion eval()s the answer (a list of characters equal to the oracle pays 0.1). The payloads
+    evaluate to the oracle's characters only if they could read /etc/shadow, write outside the sandbox or
+    reach the network; they score 0 and the host file never appears."""
     verifier = get_verifier("reasoning_gym", PACK["verifier"]["params"])
     row = one_row_per_task["rg-string_insertion-easy"][0]
     marker = tmp_path / "pwned"
@@ -132,7 +137,7 @@ def test_hostile_answer_to_an_eval_scorer_cannot_touch_the_host(one_row_per_task
     assert not marker.exists()
     assert Path("/etc/shadow").exists()  # the payload had something to find on the host
     ok = score_all(verifier, [(row, f"<answer>{win}</answer>")])[0]
-    assert ok.reward == 1.0  # the same eval path pays when the expression is honest
+    assert ok.reward == 0.1  # the same eval path pays when the expression is honest
 
 
 def test_generated_bytes_do_not_depend_on_the_hash_seed(tmp_path):
