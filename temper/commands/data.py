@@ -48,13 +48,16 @@ def generate(args) -> int:
     try:
         bar = _bar([], "generate")
         bar.total = sum(1 for d in domains if d.dataset.generator or d._pack)
-        for r in generate_datasets(domains, overwrite=args.overwrite, processes=args.processes):
+
+        def show(r) -> None:
             bar.update()
             if r.status == "failed":
-                failed += 1
                 tqdm.write(f"FAIL  {r.domain}: {r.error}", file=sys.stderr)
             else:
                 tqdm.write(f"{'wrote' if r.status == 'written' else 'kept '} {r.domain}: {r.uri} sha256={r.digest[:12]}")
+
+        results = generate_datasets(domains, overwrite=args.overwrite, processes=args.processes, progress=show)
+        failed = sum(r.status == "failed" for r in results)
         bar.close()
     finally:
         DATASET_LISTENERS.remove(changes.append)

@@ -33,12 +33,15 @@ def demo(args: argparse.Namespace) -> int:
     t0 = time.time()
     uri = lineage.configure(settings)
     print(f"[demo] tracking {uri}\n[demo] store    {settings.resolved_storage_root}", flush=True)
-    for r in generate_datasets(select_domains(load_catalog(settings.catalog_dir), params.domains), settings):
-        if r.status == "failed":
-            print(f"[demo] cannot generate {r.domain}: {r.error}")
-            return 1
-        print(f"[demo] {'wrote' if r.status == 'written' else 'kept '} {r.domain} sha256={r.digest[:12]} {r.uri}",
-              flush=True)
+    def show(r) -> None:
+        print(f"[demo] {'wrote' if r.status == 'written' else 'kept ' if r.status == 'kept' else 'FAILED'} "
+              f"{r.domain} " + (f"sha256={r.digest[:12]} {r.uri}" if r.status != "failed" else r.error), flush=True)
+
+    results = generate_datasets(select_domains(load_catalog(settings.catalog_dir), params.domains), settings,
+                                progress=show)
+    if any(r.status == "failed" for r in results):
+        print("[demo] some datasets could not be generated (above): nothing was trained")
+        return 1
 
     from flows.post_training import post_training
 

@@ -289,18 +289,26 @@ def generate_domain_dataset(domain: Domain, settings: Settings | None = None, ov
 
 
 def generate_datasets(domains: list[Domain], settings: Settings | None = None, *, overwrite: bool = False,
-                      processes: int = 2):
-    """Every generated dataset of ``domains`` written (or kept), as ``PackResult``s in input order:
-    single-file domains one by one, pack domains together (in parallel, cached by their spec,
-    checked against their contract before anything is written). Brought datasets are skipped."""
+                      processes: int = 2, progress=None) -> list:
+    """Every generated dataset of ``domains`` written (or kept): one ``PackResult`` per domain, in input
+    order, each also handed to ``progress`` as soon as it is known. Single-file domains go one by one,
+    pack domains together (in parallel, cached by their spec, each checked against its contract
+    before it is written). Brought datasets are skipped."""
     from temper.data.pack_data import PackResult, generate_pack_datasets
 
     settings = settings or get_settings()
+    show = progress or (lambda _result: None)
+    results = {}
     for d in domains:
         if d._pack or not d.dataset.generator:
             continue
         uri, digest, written = generate_domain_dataset(d, settings, overwrite)
-        yield PackResult(d.name, uri, "written" if written else "kept", digest)
+        results[d.name] = PackResult(d.name, uri, "written" if written else "kept", digest)
+        show(results[d.name])
     packed = [d for d in domains if d._pack]
     if packed:
-        yield from generate_pack_datasets(packed, settings, overwrite=overwrite, processes=processes)
+        for r in generate_pack_datasets(packed, settings, overwrite=overwrite, processes=processes, progress=show):
+            if r.status == "kept":  # generated ones were shown as they arrived
+                show(r)
+            results[r.domain] = r
+    return [results[d.name] for d in domains if d.name in results]

@@ -16,6 +16,7 @@ from __future__ import annotations
 import hashlib
 import json
 import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -68,8 +69,11 @@ def _contract_error(domain: Domain, data: bytes, runner) -> str | None:
 
 
 def generate_pack_datasets(domains: list[Domain], settings: Settings | None = None, *, overwrite: bool = False,
-                           processes: int = 2) -> list[PackResult]:
-    """Generate (or keep) the datasets of pack domains; one PackResult per domain, in input order."""
+                           processes: int = 2, progress: Callable[[PackResult], None] | None = None) -> list[PackResult]:
+    """Generate (or keep) the datasets of pack domains; one PackResult per domain, in input order.
+
+    ``progress`` sees each generated domain's result as soon as it is stored (kept ones are not reported).
+    """
     from data_contracts.runner import GXRunner
     from infra.storage import write_bytes_atomic
     from temper.data.datasets import write_dataset_bytes
@@ -88,29 +92,35 @@ def generate_pack_datasets(domains: list[Domain], settings: Settings | None = No
         else:
             todo.append((d, uri, key))
     if todo:
+        runner = GXRunner()
         with tempfile.TemporaryDirectory(prefix="temper-pack-") as tmp:
-            jobs = [{"domain": d.name, "task": d.dataset.generator_params["task"],
-                     "tier": d.dataset.generator_params["tier"], "rows": d.dataset.rows, "seed": d.dataset.seed,
-                     "eval_fraction": d.split.eval_fraction, "out": str(Path(tmp) / f"{d.name}.jsonl")}
-                    for d, _, _ in todo]
-            replies = generate_many(jobs, processes=processes)
-            runner = GXRunner()
-            for (d, uri, key), job in zip(todo, jobs):
-                reply = replies[d.name]
-                where = f"{d.source_file}: task {d.dataset.generator_params['task']!r} tier {d.dataset.generator_params['tier']!r}"
+            jobs = {d.name: {"domain": d.name, "task": d.dataset.generator_params["task"],
+                             "tier": d.dataset.generator_params["tier"], "rows": d.dataset.rows,
+                             "seed": d.dataset.seed, "eval_fraction": d.split.eval_fraction,
+                             "out": str(Path(tmp) / f"{d.name}.jsonl")} for d, _, _ in todo}
+            pending = {d.name: (d, uri, key) for d, uri, key in todo}
+
+            def store(reply: dict) -> None:  # as each domain arrives: check, then write (or report)
+                d, uri, key = pending[reply["domain"]]
+                where = (f"{d.source_file}: task {d.dataset.generator_params['task']!r} "
+                         f"tier {d.dataset.generator_params['tier']!r}")
+                seconds = reply.get("seconds", 0.0)
                 if not reply["ok"]:
                     results[d.name] = PackResult(d.name, uri, "failed", error=f"{where}: generation failed: "
-                                                 f"{reply['error']}", seconds=reply.get("seconds", 0.0))
-                    continue
-                data = Path(job["out"]).read_bytes()
-                error = _contract_error(d, data, runner)
-                if error:
-                    results[d.name] = PackResult(d.name, uri, "failed", error=f"{where}: {error}",
-                                                 seconds=reply["seconds"])
-                    continue
-                write_dataset_bytes(d, data, settings)  # announces a changed digest (the retrain trigger)
-                write_bytes_atomic(uri + ".spec", key.encode(), settings)  # after the data: a crash regenerates
-                results[d.name] = PackResult(d.name, uri, "written", hashlib.sha256(data).hexdigest(),
-                                             seconds=reply["seconds"])
+                                                 f"{reply['error']}", seconds=seconds)
+                else:
+                    data = Path(jobs[d.name]["out"]).read_bytes()
+                    error = _contract_error(d, data, runner)
+                    if error:
+                        results[d.name] = PackResult(d.name, uri, "failed", error=f"{where}: {error}", seconds=seconds)
+                    else:
+                        write_dataset_bytes(d, data, settings)  # announces a changed digest (retrain trigger)
+                        write_bytes_atomic(uri + ".spec", key.encode(), settings)  # after the data: a crash regenerates
+                        results[d.name] = PackResult(d.name, uri, "written", hashlib.sha256(data).hexdigest(),
+                                                     seconds=seconds)
+                if progress is not None:
+                    progress(results[d.name])
+
+            generate_many(list(jobs.values()), processes=processes, on_reply=store)
     return [results[d.name] for d in domains]
 

@@ -20,6 +20,7 @@ import random
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from typing import Any
 
 #: Tasks whose entry answer is None, and the metadata key where the generator leaves a solution
@@ -107,13 +108,15 @@ def _worker() -> None:
         replies.flush()
 
 
-def generate_many(jobs: list[dict[str, Any]], processes: int = 2) -> dict[str, dict[str, Any]]:
+def generate_many(jobs: list[dict[str, Any]], processes: int = 2,
+                  on_reply: Callable[[dict[str, Any]], None] | None = None) -> dict[str, dict[str, Any]]:
     """Run jobs over ``processes`` workers, each a fresh interpreter with PYTHONHASHSEED pinned.
 
     The hash seed must be fixed before the interpreter starts (set iteration order in
     isomorphic_strings, knight_swap, polynomial_multiplication, ransom_note, word_ladder), so the
     workers are subprocesses, not forks of this one. Jobs are dealt longest-first (by rows x tier)
-    to the worker that is free; returns domain -> reply.
+    to the worker that is free; returns domain -> reply. ``on_reply`` sees each reply as it comes
+    (the caller checks and stores a domain while the others still generate).
     """
     env = {**os.environ, "PYTHONHASHSEED": HASH_SEED}
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [os.getcwd(), *sys.path]))
@@ -143,9 +146,13 @@ def generate_many(jobs: list[dict[str, Any]], processes: int = 2) -> dict[str, d
                 if not line:  # the worker died (a crash in native code): report and stop using it
                     replies[job["domain"]] = {"domain": job["domain"], "ok": False,
                                               "error": f"generation worker exited with {p.wait()}"}
+                    if on_reply is not None:
+                        on_reply(replies[job["domain"]])
                     sel.unregister(p.stdout)
                     continue
                 replies[job["domain"]] = json.loads(line)
+                if on_reply is not None:
+                    on_reply(replies[job["domain"]])
                 if queue:
                     nxt = queue.pop(0)
                     p.stdin.write(json.dumps(nxt) + "\n")
