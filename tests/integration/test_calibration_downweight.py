@@ -35,15 +35,23 @@ def _catalog(tmp_path: Path, mode: str) -> Path:
     return catalog
 
 
+def _refs(catalog_dir):
+    from tasks.data import DomainRef
+    from temper.data.catalog import load_catalog
+
+    catalog = load_catalog(catalog_dir)
+    return [DomainRef(name, f"d{i}", "c", catalog[name], None) for i, name in enumerate(("arithmetic", "summaries"))]
+
+
 def test_downweighted_judge_domain_is_sampled_at_its_reduced_weight_by_grpo(temper_home, tmp_path):
-    from tasks.data import DomainRef, calibration_gate
+    from tasks.data import calibration_gate
     from tasks.training import stage_config
     from temper.data.catalog import load_catalog
     from temper.lifecycle.params import PostTrainingParams
     from temper.training.run import new_sampler
 
     catalog_dir = _catalog(tmp_path, "downweight")
-    refs = [DomainRef("arithmetic", "d1", "c"), DomainRef("summaries", "d2", "c")]
+    refs = _refs(catalog_dir)
     params = PostTrainingParams(domains=["arithmetic", "summaries"])
     kept, weights, flagged = calibration_gate.fn(refs, params.mixing_weights, catalog_dir=str(catalog_dir))
     assert [r.name for r in kept] == ["arithmetic", "summaries"]
@@ -62,11 +70,12 @@ def test_downweighted_judge_domain_is_sampled_at_its_reduced_weight_by_grpo(temp
 
 
 def test_requested_weights_are_the_base_of_the_downweight_and_excluded_domains_leave_the_mix(temper_home, tmp_path):
-    from tasks.data import DomainRef, calibration_gate
+    from tasks.data import calibration_gate
 
-    refs = [DomainRef("arithmetic", "d1", "c"), DomainRef("summaries", "d2", "c")]
+    downweight = _catalog(tmp_path, "downweight")
+    refs = _refs(downweight)
     requested = {"arithmetic": 2.0, "summaries": 1.0}
-    _, weights, _ = calibration_gate.fn(refs, requested, catalog_dir=str(_catalog(tmp_path, "downweight")))
+    _, weights, _ = calibration_gate.fn(refs, requested, catalog_dir=str(downweight))
     assert weights == {"arithmetic": 2.0, "summaries": 0.25}
     kept, weights, flagged = calibration_gate.fn(refs, requested, catalog_dir=str(_catalog(tmp_path, "exclude")))
     assert [r.name for r in kept] == ["arithmetic"] and weights == {"arithmetic": 2.0}  # no weight for a dropped domain
