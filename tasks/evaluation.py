@@ -46,26 +46,22 @@ def evaluate(model_dir: str, domain: str, settings: EvalSettings, label: str, pa
 def fetch_model(model_name: str, version: str) -> dict:
     """A registered version (number or alias) downloaded to a local folder the eval jobs can read."""
     from mlflow.artifacts import download_artifacts
-    from mlflow.exceptions import MlflowException
-    from mlflow.tracking import MlflowClient
 
     from infra import lineage
-    from temper.errors import TrackingError
+    from temper.registry.store import client, version_of
+    from temper.registry.tags import parse_eval_tags
+    from temper.registry.versions import resolve_version
     from temper.settings import get_settings
 
     lineage.configure()
-    client = MlflowClient()
-    try:
-        mv = (client.get_model_version(model_name, version) if version.isdigit()
-              else client.get_model_version_by_alias(model_name, version))
-    except MlflowException as e:
-        raise TrackingError(f"no model version {model_name}@{version}: {e.message.splitlines()[0]}") from None
-    target = get_settings().home.resolve() / "cache" / "registry" / model_name / mv.version
+    mv = resolve_version(client(), model_name, version)
+    number = version_of(mv)
+    target = get_settings().home.resolve() / "cache" / "registry" / model_name / number
     if not (target / "config.json").exists():
-        download_artifacts(artifact_uri=mv.source, dst_path=str(target.parent / f"{mv.version}.partial"))
-        (target.parent / f"{mv.version}.partial" / "model").rename(target)
-    trained = sorted({k.split(".")[2] for k in mv.tags if k.startswith("temper.eval.") and k.endswith(".mean_reward")})
-    return {"version": mv.version, "model_dir": str(target), "run_id": mv.run_id, "evaluated_domains": trained}
+        download_artifacts(artifact_uri=mv.source, dst_path=str(target.parent / f"{number}.partial"))
+        (target.parent / f"{number}.partial" / "model").rename(target)
+    trained = sorted(d for d, m in parse_eval_tags(mv.tags).items() if "mean_reward" in m)
+    return {"version": number, "model_dir": str(target), "run_id": mv.run_id, "evaluated_domains": trained}
 
 
 @task(retries=3, retry_delay_seconds=[2, 5, 15])
@@ -74,7 +70,7 @@ def tag_version(model_name: str, version: str, results: list[dict]) -> None:
     from mlflow.tracking import MlflowClient
 
     from infra import lineage
-    from temper.registry import eval_tags
+    from temper.registry.tags import eval_tags
 
     lineage.configure()
     client = MlflowClient()

@@ -10,7 +10,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from temper.gate import PromotionPolicy
+from temper.registry.gate import PromotionPolicy
 
 
 class SFTSettings(BaseModel):

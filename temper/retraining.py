@@ -15,7 +15,7 @@ def champion_digests(model_name: str, alias: str) -> dict[str, str] | None:
     from mlflow.exceptions import MlflowException
     from mlflow.tracking import MlflowClient
 
-    from temper.registry import lifecycle_run_id
+    from temper.registry.samples import lifecycle_run_id
 
     client = MlflowClient()
     try:

@@ -69,7 +69,7 @@ def log_and_register(model_dir: str | Path, name: str, artifact_path: str = "mod
     import mlflow
     from mlflow.tracking import MlflowClient
 
-    from temper.registry import ensure_registered_model
+    from temper.registry.registration import ensure_registered_model
 
     run = mlflow.active_run()
     if run is None:

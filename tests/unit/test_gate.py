@@ -1,4 +1,4 @@
-from temper.gate import PromotionPolicy, decide
+from temper.registry.gate import PromotionPolicy, decide
 
 POLICY = PromotionPolicy(min_improvement=0.01, max_regression=0.05)
 
