@@ -247,3 +247,44 @@ def test_concurrent_promotions_get_distinct_sequence_numbers(flow_registry):
 
 def test_timings(flow_registry):
     print("\n" + "\n".join(f"{k}: {v:.1f}s" for k, v in TIMINGS.items()))
+
+
+# ---- failures after the lifecycle run opened -----------------------------------------------
+
+FAILURES = {  # the stage that fails -> how to make it fail cheaply
+    "train-sft": dict(base_model="/nonexistent/base-model"),
+    "train-grpo": dict(base_model="/nonexistent/base-model", sft={"enabled": False}),
+    "resolve_domains": dict(sft={"enabled": False}, eval={"domains": ["no-such-domain"], "limit": 4}),
+    "register": dict(sft={"enabled": False}, eval={"limit": 4}, promotion={"alias": "v7"}),  # MLflow refuses v<N>
+}
+
+
+@pytest.fixture(scope="module")
+def failing_home(tmp_path_factory, prefect_api):
+    from temper.settings import get_settings
+
+    with pytest.MonkeyPatch.context() as mp:
+        _env(mp, tmp_path_factory.mktemp("home-failing"), None)
+        assert main(["data", "generate", *(f"--domain={d}" for d in DOMAINS)]) == 0
+        yield mp
+    get_settings.cache_clear()
+
+
+@pytest.mark.parametrize("stage", list(FAILURES))
+def test_any_failure_after_the_lifecycle_run_opens_closes_it_failed_with_a_report(failing_home, stage, tmp_path):
+    """Was: the lifecycle run stayed RUNNING, with no report, whenever a stage after it failed."""
+    from flows.post_training import post_training
+    from tasks.registry import FLOW_RUN_TAG
+
+    state = post_training(_params(model_name=f"failing-{stage}", **FAILURES[stage]), return_state=True)
+    assert state.is_failed()
+    c = _client()
+    runs = c.search_runs([c.get_experiment_by_name("post_training").experiment_id],
+                         f"tags.`{FLOW_RUN_TAG}` = '{state.state_details.flow_run_id}'")
+    assert len(runs) == 1
+    run = runs[0]
+    assert run.info.status == "FAILED"
+    assert run.data.tags["temper.failed_stage"].startswith(stage)
+    report = open(c.download_artifacts(run.info.run_id, "report.md", str(tmp_path))).read()
+    assert report.startswith(f"# post_training {run.info.run_name}: FAILED")
+    assert f"## Failed\n\n{stage}" in report
