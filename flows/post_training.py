@@ -5,8 +5,10 @@
     -> champion lookup -> gate -> register version + alias -> report (Prefect + MLflow)
 
 A contract violation ends the flow right after validation: no training task, no model
-version, and the report says which domain broke which check. Every stage is a task over
-plain functions (tasks/, temper/), so the flow reads as the lifecycle and nothing else.
+version, and the report says which domain broke which check. Any other failure once the
+lifecycle run is open (a stage, the registry, the report) closes it FAILED with a report
+naming the failed task (``fail_lifecycle``, a flow hook, so no stage can skip it). Every stage
+is a task over plain functions (tasks/, temper/), so the flow reads as the lifecycle and nothing else.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ from prefect.runtime import flow_run
 
 from tasks.data import calibration_gate, resolve_domains, validate_domain
 from tasks.evaluation import evaluate
-from tasks.registry import champion, close_lifecycle, gate, open_lifecycle, register
+from tasks.registry import champion, close_lifecycle, fail_lifecycle, gate, open_lifecycle, register
 from tasks.training import prepare_base_model, train_stage
 from temper.data.catalog import split_by_role
 from temper.core.errors import ContractViolation
@@ -41,7 +43,7 @@ def _lifecycle_link(run_id: str) -> str:
     return run_link(uri, MlflowClient().get_run(run_id).info.experiment_id, run_id)
 
 
-@flow(name="post_training", log_prints=True)
+@flow(name="post_training", log_prints=True, on_failure=[fail_lifecycle], on_crashed=[fail_lifecycle])
 def post_training(params: PostTrainingParams = PostTrainingParams()) -> dict:
     from temper.lifecycle.report import post_training_markdown, validation_markdown
 
@@ -89,7 +91,7 @@ def post_training(params: PostTrainingParams = PostTrainingParams()) -> dict:
     before, after = before.result(), after.result()
 
     champion_version, champion_means = champion(params.model_name, params.promotion.alias)
-    decision = gate(_means(after), champion_means, params.promotion)
+    decision = gate(after, params.model_name, champion_version, champion_means, params.promotion)
     registered = register(params, model, lifecycle_run_id, {r["domain"]: r for r in after}, decision)
     logger.info("registered %s version %s as @%s: %s", registered["name"], registered["version"],
                 registered["alias"], decision.reason)

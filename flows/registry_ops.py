@@ -1,6 +1,6 @@
 """promote_model / rollback_model: the registry levers as Prefect flows, deployable and run from the UI.
 
-Thin on purpose: all logic is in ``temper.registry_ops`` (shared with ``temper models``).
+Thin on purpose: all logic is in ``temper.registry.aliases`` (shared with ``temper models``).
 The flow adds what Prefect is for: a typed run form (the pydantic params), a run record,
 and a markdown artifact with the audit event. A refused operation (gate says no, nothing
 to roll back to) fails the flow run with the same one-line message the CLI prints.
@@ -11,7 +11,7 @@ from __future__ import annotations
 from prefect import flow, get_run_logger
 from prefect.artifacts import create_markdown_artifact
 
-from temper.registry_ops import AliasChange, PromoteParams, RollbackParams
+from temper.registry.aliases import AliasChange, PromoteParams, RollbackParams, promote, rollback
 
 
 def _report(change: AliasChange) -> dict:
@@ -30,7 +30,6 @@ def _report(change: AliasChange) -> dict:
 @flow(name="promote_model", log_prints=True)
 def promote_model(params: PromoteParams) -> dict:
     from infra import lineage
-    from temper.registry_ops import promote
 
     lineage.configure()
     return _report(promote(params.model_name, params.version, reason=params.reason, alias=params.alias,
@@ -40,7 +39,6 @@ def promote_model(params: PromoteParams) -> dict:
 @flow(name="rollback_model", log_prints=True)
 def rollback_model(params: RollbackParams) -> dict:
     from infra import lineage
-    from temper.registry_ops import rollback
 
     lineage.configure()
     return _report(rollback(params.model_name, alias=params.alias, reason=params.reason))

@@ -61,24 +61,19 @@ def evaluate(model_dir: str, domains: list[str], settings: EvalSettings, label: 
 @task(retries=3, retry_delay_seconds=[2, 5, 15], task_run_name="fetch-{model_name}-{version}")
 def fetch_model(model_name: str, version: str) -> dict:
     """A registered version (number or alias) as a local HF folder the eval jobs can read (either layout)."""
-    from mlflow.exceptions import MlflowException
-    from mlflow.tracking import MlflowClient
-
     from infra import lineage
-    from temper.core.errors import TrackingError
-    from temper.model_store import hf_folder
     from temper.core.settings import get_settings
+    from temper.registry.model_store import hf_folder
+    from temper.registry.store import client, version_of
+    from temper.registry.tags import parse_eval_tags
+    from temper.registry.versions import resolve_version
 
     lineage.configure()
-    client = MlflowClient()
-    try:
-        mv = (client.get_model_version(model_name, version) if version.isdigit()
-              else client.get_model_version_by_alias(model_name, version))
-    except MlflowException as e:
-        raise TrackingError(f"no model version {model_name}@{version}: {e.message.splitlines()[0]}") from None
-    target = hf_folder(mv.source, get_settings().home.resolve() / "cache" / "registry" / model_name / str(mv.version))
-    trained = sorted({k.split(".")[2] for k in mv.tags if k.startswith("temper.eval.") and k.endswith(".mean_reward")})
-    return {"version": mv.version, "model_dir": str(target), "run_id": mv.run_id, "evaluated_domains": trained}
+    mv = resolve_version(client(), model_name, version)
+    number = version_of(mv)
+    target = hf_folder(mv.source, get_settings().home.resolve() / "cache" / "registry" / model_name / number)
+    trained = sorted(d for d, m in parse_eval_tags(mv.tags).items() if "mean_reward" in m)
+    return {"version": number, "model_dir": str(target), "run_id": mv.run_id, "evaluated_domains": trained}
 
 
 @task(retries=3, retry_delay_seconds=[2, 5, 15])
@@ -87,7 +82,7 @@ def tag_version(model_name: str, version: str, results: list[dict]) -> None:
     from mlflow.tracking import MlflowClient
 
     from infra import lineage
-    from temper.registry import eval_tags
+    from temper.registry.tags import eval_tags
 
     lineage.configure()
     client = MlflowClient()

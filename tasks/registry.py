@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 from prefect import task
+from prefect.runtime import flow_run
 
 from data_contracts.runner import DomainReport
-from temper.gate import GateDecision, PromotionPolicy
 from temper.lifecycle.params import PostTrainingParams
+from temper.registry.gate import GateDecision, PromotionPolicy
 
 _MLFLOW_RETRY = dict(retries=3, retry_delay_seconds=[2, 5, 15])
+FLOW_RUN_TAG = "temper.prefect_flow_run"  # on the lifecycle run: which Prefect flow run opened it
 
 
 @task(**_MLFLOW_RETRY)
@@ -25,7 +27,7 @@ def open_lifecycle(params: PostTrainingParams, run_name: str, reports: list[Doma
     lineage.configure(settings)
     run_id = lineage.open_run("post_training", run_name, tags={
         lineage.TAG_KIND: "lifecycle", lineage.TAG_CONFIG_HASH: lineage.config_hash(params),
-        lineage.TAG_BASE_MODEL: params.base_model})
+        lineage.TAG_BASE_MODEL: params.base_model, FLOW_RUN_TAG: str(flow_run.get_id() or "local")})
     catalog = load_catalog(settings.catalog_dir)
     with lineage.resume_run(run_id):
         mlflow.log_dict(params.model_dump(mode="json"), "params.json")
@@ -45,20 +47,76 @@ def close_lifecycle(run_id: str, status: str, report_markdown: str) -> None:
     lineage.close_run(run_id, status)
 
 
+def _failed_tasks(flow_run_id: str) -> list[str]:
+    """Names of the failed/crashed task runs of a flow run (the stage that broke), oldest first."""
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
+
+    with get_client(sync_client=True) as client:
+        runs = client.read_task_runs(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[flow_run_id])))
+    bad = [r for r in runs if r.state is not None and (r.state.is_failed() or r.state.is_crashed())]
+    return [r.name for r in sorted(bad, key=lambda r: r.start_time or r.created)]
+
+
+def fail_lifecycle(flow, flow_run, state) -> None:
+    """Flow hook (on_failure / on_crashed): close the lifecycle run this flow run opened as FAILED,
+    with a report naming the failed task and the error, so no failure leaves it RUNNING.
+
+    A hook, not a try/except in the flow body, so every stage is covered, including ones
+    added later. A lifecycle run already closed (a data contract violation) is left alone.
+    """
+    import mlflow
+
+    from infra import lineage
+    from temper.lifecycle.report import post_training_markdown, run_link
+
+    uri = lineage.configure()
+    experiment = mlflow.get_experiment_by_name("post_training")
+    if experiment is None:
+        return
+    open_runs = mlflow.search_runs([experiment.experiment_id], output_format="list",
+                                   filter_string=f"tags.`{FLOW_RUN_TAG}` = '{flow_run.id}' "
+                                                 f"and attributes.status = 'RUNNING'")
+    if not open_runs:
+        return
+    try:
+        failed = ", ".join(_failed_tasks(flow_run.id)) or "the flow itself"
+    except Exception as e:  # the report matters more than the task names
+        failed = f"unknown ({type(e).__name__} reading task runs)"
+    for run in open_runs:
+        markdown = post_training_markdown(
+            flow_run=run.info.run_name, domains=[], validation="", before={}, after={}, champion=None,
+            champion_version=None, decision="", registered=None,
+            lifecycle_link=run_link(uri, experiment.experiment_id, run.info.run_id),
+            failed=f"{failed}: {state.message}")
+        with lineage.resume_run(run.info.run_id):
+            mlflow.log_text(markdown, "report.md")
+            mlflow.set_tag("temper.failed_stage", failed)
+        lineage.close_run(run.info.run_id, "FAILED")
+
+
 @task(**_MLFLOW_RETRY)
 def champion(model_name: str, alias: str) -> tuple[str | None, dict[str, float] | None]:
     from infra import lineage
-    from temper.registry import champion_metrics
+    from temper.registry.registration import champion_metrics
 
     lineage.configure()
     return champion_metrics(model_name, alias)
 
 
-@task
-def gate(candidate: dict[str, float], champion_means: dict[str, float] | None, policy: PromotionPolicy) -> GateDecision:
-    from temper.gate import decide
+@task(**_MLFLOW_RETRY)
+def gate(candidate: list[dict], model_name: str, champion_version: str | None,
+         champion_means: dict[str, float] | None, policy: PromotionPolicy) -> GateDecision:
+    """The promotion gate on the candidate's eval results vs the champion's, per-sample rewards included
+    (the candidate's from its eval runs, the champion's from its lifecycle), so each domain's
+    regression is judged against its noise."""
+    from infra import lineage
+    from temper.registry.gate import decide
+    from temper.registry.registration import champion_samples, run_samples
 
-    return decide(candidate, champion_means, policy)
+    lineage.configure()
+    means = {r["domain"]: r["mean_reward"] for r in candidate}
+    return decide(means, champion_means, policy, run_samples(candidate), champion_samples(model_name, champion_version))
 
 
 def _eval_metrics(eval_results: dict[str, dict]) -> list:
@@ -66,7 +124,7 @@ def _eval_metrics(eval_results: dict[str, dict]) -> list:
     from mlflow.tracking import MlflowClient
 
     from infra import lineage
-    from temper.model_store import EvalMetrics
+    from temper.registry.model_store import EvalMetrics
 
     client, out = MlflowClient(), []
     for d, r in eval_results.items():
@@ -85,7 +143,7 @@ def _example_prompt(domains: list[str]) -> str:
     from temper.data.catalog import load_catalog
     from temper.data.datasets import load_dataset
     from temper.core.errors import TemperError
-    from temper.model_store import DEFAULT_EXAMPLE
+    from temper.registry.model_store import DEFAULT_EXAMPLE
     from temper.core.settings import get_settings
 
     try:
@@ -104,8 +162,8 @@ def register(params: PostTrainingParams, model_dir: str, parent_run_id: str, eva
     import mlflow
 
     from infra import lineage
-    from temper.model_store import log_hf_model
-    from temper.registry import register_version
+    from temper.registry.model_store import log_hf_model
+    from temper.registry.registration import register_version
 
     lineage.configure()
     config_hash = lineage.config_hash(params)

@@ -2,7 +2,7 @@
 
 ``--format text|json`` print the tree walked up from the run (any run id works).
 ``--format mermaid|dot|png`` build the whole lifecycle graph of a model version (datasets ->
-contract validation -> SFT -> GRPO -> evals -> version -> aliases, see temper.lineage_graph)
+contract validation -> SFT -> GRPO -> evals -> version -> aliases, see temper.registry.lineage_graph)
 and attach it to the version's run, so the MLflow UI shows it; ``--no-attach`` only prints.
 """
 
@@ -29,7 +29,7 @@ def show(args) -> int:
 def _graph(args) -> int:
     from pathlib import Path
 
-    from temper import lineage_graph
+    from temper.registry import lineage_graph
 
     graph = lineage_graph.build_graph(args.ref)
     mv = graph.version

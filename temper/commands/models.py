@@ -1,7 +1,7 @@
-"""`temper models list|compare|promote|rollback`: operate the model registry by hand.
+"""`temper models list|compare|promote|rollback|history`: operate the model registry by hand.
 
-Thin over ``temper.registry_ops``; the same functions back the Prefect flows in
-``flows/registry_ops.py``. Errors (unknown model/version/alias, gate says no, nothing to roll
+Thin over ``temper.registry`` (versions, compare, aliases, audit); the same functions back the
+Prefect flows in ``flows/registry_ops.py``. Errors (unknown model/version/alias, gate says no, nothing to roll
 back to) are TemperErrors: one line on stderr, exit 1, no alias changed.
 """
 
@@ -36,54 +36,69 @@ def _print_change(change, as_json: bool) -> int:
 def list_cmd(args) -> int:
     from dataclasses import asdict
 
-    from temper import registry_ops
+    from temper.registry.versions import format_versions, list_versions
 
     _configure()
-    versions = registry_ops.list_versions(args.model)
+    versions = list_versions(args.model)
     if args.json:
         _print_json([asdict(v) for v in versions])
     else:
-        print(registry_ops.format_versions(args.model, versions))
+        print(format_versions(args.model, versions))
     return 0
 
 
 def compare_cmd(args) -> int:
-    from temper import registry_ops
+    from temper.registry.compare import compare, format_comparison
 
     _configure()
-    cmp = registry_ops.compare(args.model, args.a, args.b, args.domains, log=not args.no_log, seed=args.seed)
+    cmp = compare(args.model, args.a, args.b, args.domains, log=not args.no_log, seed=args.seed)
     if args.json:
         _print_json(cmp.to_dict())
     else:
-        print(registry_ops.format_comparison(cmp))
+        print(format_comparison(cmp))
     return 0
 
 
 def promote_cmd(args) -> int:
-    from temper import registry_ops
-    from temper.gate import PromotionPolicy
+    from temper.registry.aliases import promote
+    from temper.registry.gate import PromotionPolicy
 
     _configure()
     policy = PromotionPolicy(min_improvement=args.min_improvement, max_regression=args.max_regression,
-                             min_reward=args.min_reward)
-    change = registry_ops.promote(args.model, args.version, reason=args.reason, alias=args.alias, force=args.force,
+                             min_reward=args.min_reward, significance=args.significance)
+    change = promote(args.model, args.version, reason=args.reason, alias=args.alias, force=args.force,
                                   policy=policy)
     return _print_change(change, args.json)
 
 
 def rollback_cmd(args) -> int:
-    from temper import registry_ops
+    from temper.registry.aliases import rollback
 
     _configure()
-    change = registry_ops.rollback(args.model, alias=args.alias, reason=args.reason)
+    change = rollback(args.model, alias=args.alias, reason=args.reason)
     return _print_change(change, args.json)
 
 
+def history_cmd(args) -> int:
+    from dataclasses import asdict
+
+    from temper.registry.aliases import audit_trail
+    from temper.registry.audit import format_trail
+
+    _configure()
+    events = audit_trail(args.model, args.alias)
+    if args.json:
+        _print_json([asdict(e) for e in events])
+    else:
+        print(format_trail(args.model, args.alias, events))
+    return 0
+
+
 def register(sub: argparse._SubParsersAction) -> None:
-    from temper.gate import PromotionPolicy
+    from temper.registry.gate import PromotionPolicy
 
     defaults = PromotionPolicy()
-    p = sub.add_parser("models", help="registry operations: list, compare, promote, rollback")
+    p = sub.add_parser("models", help="registry operations: list, compare, promote, rollback, history")
     s = p.add_subparsers(dest="models_command", required=True, metavar="SUBCOMMAND")
 
     ls = s.add_parser("list", help="versions with aliases, base model, datasets, eval summary, created time")
@@ -110,6 +125,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     pr.add_argument("--min-improvement", type=float, default=defaults.min_improvement)
     pr.add_argument("--max-regression", type=float, default=defaults.max_regression)
     pr.add_argument("--min-reward", type=float, default=defaults.min_reward)
+    pr.add_argument("--significance", type=float, default=defaults.significance,
+                    help="family-wise error rate of the per-domain regression tests (Holm-corrected)")
     pr.add_argument("--json", action="store_true")
     pr.set_defaults(func=promote_cmd)
 
@@ -119,3 +136,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     rb.add_argument("--reason", default="rollback")
     rb.add_argument("--json", action="store_true")
     rb.set_defaults(func=rollback_cmd)
+
+    h = s.add_parser("history", help="the audit trail of an alias: every promote/rollback, oldest first")
+    h.add_argument("model")
+    h.add_argument("--alias", default="champion")
+    h.add_argument("--json", action="store_true")
+    h.set_defaults(func=history_cmd)

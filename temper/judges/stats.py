@@ -1,30 +1,28 @@
 """Judge-human agreement: Spearman's rho (ties get average ranks) and Cohen's kappa.
 
-numpy/pandas only, so the gate does not depend on scipy being installed. Both return NaN
-when agreement is undefined (fewer than two items, or one rater gave a single value
-throughout): a constant judge has not shown it can tell good from bad, and the gate
-treats NaN as "below threshold".
+Thin over ``scipy.stats.spearmanr`` and ``sklearn.metrics.cohen_kappa_score`` (both installed
+with MLflow). What this module adds is the calibration gate's contract: both return NaN when
+agreement is undefined (fewer than two items, or one rater gave a single value throughout),
+without a warning: a constant judge has not shown it can tell good from bad, and the gate
+treats NaN as "below threshold". Kappa also refuses values outside the rubric's scale, by name.
 """
 
 from __future__ import annotations
 
 import math
+import warnings
 from collections.abc import Sequence
 
-import numpy as np
-import pandas as pd
+from scipy.stats import spearmanr
+from sklearn.metrics import cohen_kappa_score
 
 
 def spearman(a: Sequence[float], b: Sequence[float]) -> float:
     if len(a) != len(b):
         raise ValueError(f"spearman: {len(a)} vs {len(b)} values")
-    if len(a) < 2:
+    if len(a) < 2 or len(set(a)) < 2 or len(set(b)) < 2:  # scipy would warn and return NaN
         return math.nan
-    ra = pd.Series(a, dtype=float).rank(method="average").to_numpy()
-    rb = pd.Series(b, dtype=float).rank(method="average").to_numpy()
-    if ra.std() == 0 or rb.std() == 0:
-        return math.nan
-    return float(np.corrcoef(ra, rb)[0, 1])
+    return float(spearmanr(a, b).statistic)
 
 
 def cohen_kappa(a: Sequence[int], b: Sequence[int], labels: Sequence[int]) -> float:
@@ -33,16 +31,9 @@ def cohen_kappa(a: Sequence[int], b: Sequence[int], labels: Sequence[int]) -> fl
         raise ValueError(f"cohen_kappa: {len(a)} vs {len(b)} values")
     if not a:
         return math.nan
-    index = {v: i for i, v in enumerate(labels)}
-    unknown = sorted({v for v in (*a, *b) if v not in index})
+    unknown = sorted({v for v in (*a, *b) if v not in set(labels)})
     if unknown:
         raise ValueError(f"cohen_kappa: values {unknown} are not among the categories {list(labels)}")
-    m = np.zeros((len(labels), len(labels)))
-    for x, y in zip(a, b):
-        m[index[x], index[y]] += 1
-    m /= m.sum()
-    observed = float(np.trace(m))
-    expected = float(m.sum(axis=1) @ m.sum(axis=0))
-    if expected >= 1.0:
-        return math.nan
-    return (observed - expected) / (1.0 - expected)
+    with warnings.catch_warnings():  # undefined kappa is NaN by contract, not news
+        warnings.simplefilter("ignore")
+        return float(cohen_kappa_score(a, b, labels=list(labels), replace_undefined_by=math.nan))

@@ -2,7 +2,7 @@
 
 The eval job (``workloads/evaluate.py``) only computes; recording happens here, in the
 orchestrating process, so a Kubernetes eval Job needs no tracking credentials. The run
-carries the summary metrics and the per-sample rewards (``temper.registry.log_eval_samples``)
+carries the summary metrics and the per-sample rewards (``temper.registry.samples.log_eval_samples``)
 that ``temper models compare`` bootstraps from.
 """
 
@@ -10,8 +10,9 @@ from __future__ import annotations
 
 from typing import Any
 
-TAG_DOMAIN = "temper.domain"
-TAG_LABEL = "temper.eval.label"  # 'base' or 'candidate': which model of the run was evaluated
+from temper.registry.samples import DOMAIN_TAG as TAG_DOMAIN
+from temper.registry.samples import LABEL_TAG as TAG_LABEL  # 'base' or 'candidate': which model was scored
+from temper.registry.samples import log_eval_samples
 
 
 def record_eval(result: dict[str, Any], label: str, parent_run_id: str, experiment: str = "post_training") -> str:
@@ -19,7 +20,6 @@ def record_eval(result: dict[str, Any], label: str, parent_run_id: str, experime
     import mlflow
 
     from infra import lineage
-    from temper.registry import log_eval_samples
 
     lineage.configure()
     run_id = lineage.open_run(experiment, f"eval-{label}-{result['domain']}", parent_run_id=parent_run_id, tags={

@@ -31,7 +31,7 @@ def trained_digests(mv: Any) -> dict[str, str]:
     """domain -> dataset digest the version was trained on ({} when its lifecycle run is unknown)."""
     from mlflow.tracking import MlflowClient
 
-    from temper.registry import lifecycle_run_id
+    from temper.registry.samples import lifecycle_run_id
 
     run_id = lifecycle_run_id(mv)
     if run_id is None:

@@ -99,7 +99,7 @@ def register_serving_profiles(model_name: str, source: str, report: ParityReport
     """
     from mlflow.tracking import MlflowClient
 
-    from temper.registry import ensure_registered_model
+    from temper.registry.registration import ensure_registered_model
 
     client = MlflowClient()
     ensure_registered_model(client, model_name)

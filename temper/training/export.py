@@ -69,8 +69,8 @@ def log_and_register(model_dir: str | Path, name: str) -> str:
     import mlflow
     from mlflow.tracking import MlflowClient
 
-    from temper.model_store import log_hf_model
-    from temper.registry import ensure_registered_model
+    from temper.registry.model_store import log_hf_model
+    from temper.registry.registration import ensure_registered_model
 
     run = mlflow.active_run()
     if run is None:

@@ -148,7 +148,7 @@ def test_retrain_on_changed_data_registers_a_gated_version_then_rests(flow_env, 
     from flows.retrain import retrain
     from temper.data.catalog import load_catalog
     from temper.data.datasets import DATASET_LISTENERS, read_dataset, write_dataset
-    from temper.gate import PromotionPolicy
+    from temper.registry.gate import PromotionPolicy
     from temper.lifecycle.params import EvalSettings, GRPOSettings, RetrainParams, SFTStage
     from temper.core.settings import get_settings
 

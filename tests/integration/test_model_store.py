@@ -49,7 +49,7 @@ def _register(home: Path) -> dict:
     from temper.cli import main
     from temper.data.datasets import load_dataset
     from temper.lifecycle.evaluation import record_eval
-    from temper.gate import GateDecision
+    from temper.registry.gate import GateDecision
     from temper.lifecycle.params import EvalSettings, PostTrainingParams
     from temper.core.settings import get_settings
     from temper.training.tiny import init_tiny

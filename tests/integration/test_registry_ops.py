@@ -1,4 +1,4 @@
-"""`temper models` and `temper lineage --format` against a real MLflow tracking server on 127.0.0.1.
+"""`temper models` and `temper lineage --format` on the embedded sqlite store and on a real MLflow server.
 
 Versions are registered the way the post-training flow does it: a lifecycle run with the
 validated datasets, sft/grpo/eval stage runs under it (eval runs carry per-sample rewards via
@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 import uuid
 
 import pytest
@@ -20,10 +21,23 @@ from temper.cli import main
 N = 40
 
 
+@pytest.fixture(scope="module", params=["sqlite", "server"])
+def store(request, tmp_path_factory) -> tuple[str, str | None]:
+    """(TEMPER_HOME, tracking URI): the embedded sqlite store (`make demo`'s) or an MLflow server.
+
+    Both, because they differ: sqlite returns model versions as ints, the server as strings.
+    """
+    uri = request.getfixturevalue("mlflow_server") if request.param == "server" else None
+    return str(tmp_path_factory.mktemp(f"home-{request.param}")), uri
+
+
 @pytest.fixture
-def tracked(temper_home, mlflow_server, monkeypatch):
-    _tracking_env(monkeypatch, mlflow_server)
-    return mlflow_server
+def tracked(store, monkeypatch):
+    from temper.core.settings import get_settings
+
+    _tracking_env(monkeypatch, store)
+    yield store
+    get_settings.cache_clear()
 
 
 @pytest.fixture
@@ -31,14 +45,18 @@ def model():
     return f"ops-{uuid.uuid4().hex[:8]}"
 
 
-def _tracking_env(mp: pytest.MonkeyPatch, uri: str) -> None:
+def _tracking_env(mp: pytest.MonkeyPatch, store: tuple[str, str | None]) -> None:
     from infra import lineage
     from temper.core.settings import get_settings
 
-    mp.setenv("TEMPER_TRACKING_URI", uri)
-    mp.setenv("MLFLOW_TRACKING_URI", uri)
+    home, uri = store
+    mp.setenv("TEMPER_HOME", home)
+    for var in ("TEMPER_TRACKING_URI", "TEMPER_STORAGE_ROOT", "TEMPER_S3_ENDPOINT_URL", "MLFLOW_TRACKING_URI"):
+        mp.delenv(var, raising=False)
+    if uri:
+        mp.setenv("TEMPER_TRACKING_URI", uri)
     get_settings.cache_clear()
-    lineage.configure()
+    mp.setenv("MLFLOW_TRACKING_URI", lineage.configure())
 
 
 def rewards(passed_ids: range | list[int]) -> list[float]:
@@ -58,8 +76,9 @@ def register(model: str, evals: dict[str, list[float]], *, passed: bool, samples
     import pandas as pd
 
     from infra import lineage
-    from temper.gate import GateDecision
-    from temper.registry import log_eval_samples, register_version
+    from temper.registry.gate import GateDecision
+    from temper.registry.registration import register_version
+    from temper.registry.samples import log_eval_samples
 
     frame = pd.DataFrame({"prompt": ["p"], "answer": ["a"]})
     parent = lineage.open_run("post_training", f"{model}-lifecycle", tags={
@@ -100,9 +119,10 @@ def register(model: str, evals: dict[str, list[float]], *, passed: bool, samples
 
 
 def aliases(model: str) -> dict[str, str]:
+    """alias -> version as strings (the sqlite store itself returns ints)."""
     from mlflow.tracking import MlflowClient
 
-    return dict(MlflowClient().get_registered_model(model).aliases)
+    return {a: str(v) for a, v in MlflowClient().get_registered_model(model).aliases.items()}
 
 
 def cli(capsys, *argv: str) -> tuple[int, str, str]:
@@ -119,13 +139,13 @@ WORSE = {"arithmetic": rewards(range(10)), "tool_calls": rewards(range(30))}    
 
 
 @pytest.fixture(scope="module")
-def shared(mlflow_server):
+def shared(store):
     """One model for the tests that only read it (compare, lineage, bad input): v1 @champion, v2, v3 @candidate."""
     from temper.core.settings import get_settings
 
     name = f"shared-{uuid.uuid4().hex[:8]}"
     with pytest.MonkeyPatch.context() as mp:
-        _tracking_env(mp, mlflow_server)
+        _tracking_env(mp, store)
         register(name, {**GOOD, "invoice_extraction": rewards(range(10))}, passed=True, unvalidated="scratch")
         register(name, {**BETTER, "invoice_extraction": rewards(range(12)), "code": rewards(range(3))}, passed=False,
                  samples={"arithmetic", "tool_calls", "code"})  # no per-sample rewards for invoice_extraction
@@ -163,7 +183,7 @@ def test_promote_rollback_twice_then_nothing_left(tracked, model, capsys):
 
     from mlflow.tracking import MlflowClient
 
-    from temper.registry_ops import audit_trail
+    from temper.registry.aliases import audit_trail
 
     trail = audit_trail(model)
     assert [(e.action, e.previous, e.version) for e in trail] == [
@@ -193,10 +213,12 @@ def test_gate_blocks_promotion_until_forced(tracked, model, capsys):
     register(model, WORSE, passed=False)
     code, _, err = cli(capsys, "models", "promote", model, "2", "--reason", "try")
     assert code == 1
-    assert err.strip() == (f"temper: error: {model} v2 -> @champion blocked by the gate: arithmetic regressed by "
-                           f"0.250 (> max_regression 0.05) (@champion stays v1; --force to override)")
+    # -0.25 on 40 paired samples: significant after Holm over the 2 domains (p well under 0.05/2)
+    assert re.fullmatch(rf"temper: error: {model} v2 -> @champion blocked by the gate: arithmetic regressed by "
+                        r"0\.250 \(> max_regression 0\.05\) \(p=0\.000\d+, holm-corrected over 2 domain\(s\)\) "
+                        r"\(@champion stays v1; --force to override\)", err.strip()), err
     assert aliases(model)["champion"] == "1"
-    from temper.registry_ops import audit_trail
+    from temper.registry.aliases import audit_trail
 
     assert [(e.version, e.reason) for e in audit_trail(model)] == [("1", "post_training gate: test gate")]
     # a looser policy lets it through the gate (mean +0.0: tool_calls +0.25, arithmetic -0.25) -> still a tie
@@ -207,8 +229,10 @@ def test_gate_blocks_promotion_until_forced(tracked, model, capsys):
     assert "gate: FAIL (forced): arithmetic regressed by 0.250" in out
     assert aliases(model)["champion"] == "2"
     assert audit_trail(model)[-1].forced is True
+    events = len(audit_trail(model))
     code, out, _ = cli(capsys, "models", "promote", model, "2", "--reason", "again")
-    assert code == 0 and "already on v2; nothing changed" in out
+    assert code == 0 and out.strip() == f"{model}@champion already on v2; nothing changed (no audit event)"
+    assert len(audit_trail(model)) == events
 
 
 def test_bad_input_is_one_clear_line_and_changes_nothing(tracked, shared, capsys):
@@ -233,7 +257,7 @@ def test_bad_input_is_one_clear_line_and_changes_nothing(tracked, shared, capsys
         assert code == 1, argv
         assert err.startswith("temper: error: ") and message in err, (argv, err)
     assert aliases(model) == {"champion": "1", "candidate": "3"}
-    from temper.registry_ops import audit_trail
+    from temper.registry.aliases import audit_trail
 
     assert [(e.version, e.previous) for e in audit_trail(model)] == [("1", None)]  # the flow's, nothing more
     assert [(e.version, e.previous) for e in audit_trail(model, "candidate")] == [("2", None), ("3", "2")]
@@ -326,7 +350,7 @@ def test_lineage_graph_formats_and_artifacts(tracked, shared, tmp_path, capsys):
 @pytest.mark.slow  # a Prefect server (~20 s to start here), shared with the other flow tests in a full run
 def test_promote_and_rollback_flows(tracked, model, prefect_api):
     from flows.registry_ops import promote_model, rollback_model
-    from temper.registry_ops import PromoteParams, RollbackParams
+    from temper.registry.aliases import PromoteParams, RollbackParams
 
     register(model, GOOD, passed=True)
     register(model, BETTER, passed=False)

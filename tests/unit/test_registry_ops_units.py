@@ -7,11 +7,14 @@ import json
 import pytest
 
 from infra.lineage import DatasetRef, RunNode
-from temper.lineage_graph import VersionInfo, assemble, to_dot, to_mermaid
-from temper.registry import parse_eval_samples
-from temper.registry_ops import (AuditEvent, PromoteParams, RegistryOpError, RollbackParams, audit_events,
-                                 bootstrap_delta, compare_metrics, holder_stack, parse_eval_tags, rollback_target,
-                                 significance_hint)
+from temper.registry.aliases import PromoteParams, RollbackParams
+from temper.registry.audit import AuditEvent, audit_events, holder_stack, rollback_target
+from temper.registry.bootstrap import bootstrap_delta
+from temper.registry.compare import compare_metrics, significance_hint
+from temper.registry.lineage_graph import VersionInfo, assemble, to_dot, to_mermaid
+from temper.registry.samples import parse_eval_samples
+from temper.registry.store import RegistryOpError
+from temper.registry.tags import parse_eval_tags
 
 
 def event(seq, action, version, previous, alias="champion"):

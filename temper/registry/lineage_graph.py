@@ -21,8 +21,10 @@ from pathlib import Path
 from typing import Any
 
 from infra.lineage import TAG_STAGE, DatasetRef, RunNode
-from temper.registry import RegistryError, lifecycle_run_id, stage_runs
-from temper.registry_ops import parse_eval_tags
+from temper.registry.samples import is_version_eval, lifecycle_run_id, stage_runs
+from temper.registry.store import aliases_of, client, version_of
+from temper.registry.tags import parse_eval_tags
+from temper.registry.versions import resolve_ref
 
 # Left-to-right order of the layers; also the column of each kind in the PNG.
 LAYERS = ("dataset", "validation", "sft", "grpo", "eval", "model_version", "alias")
@@ -146,7 +148,8 @@ def assemble(ref: str, version: VersionInfo, lifecycle: RunNode | None, stages: 
 
     evals = parse_eval_tags(version.tags)
     layer = []
-    for run in by_stage.get("eval", []):
+    # only the version's own evals: the flow also scores the base model under the same lifecycle run
+    for run in (r for r in by_stage.get("eval", []) if is_version_eval(r.tags)):
         domain = run.tags.get("temper.domain", run.name)
         layer.append(g.add(Node(f"run_{run.run_id}", "eval", f"eval {domain}",
                                 f"{_eval_detail(evals.get(domain, {}))} run {run.run_id[:8]}".strip())))
@@ -173,16 +176,12 @@ def assemble(ref: str, version: VersionInfo, lifecycle: RunNode | None, stages: 
 def build_graph(ref: str) -> LineageGraph:
     """Resolve ``MODEL@ALIAS`` or ``MODEL/VERSION`` and gather its lifecycle's runs from MLflow."""
     from infra import lineage
-    from mlflow.tracking import MlflowClient
 
-    tree = lineage.lineage_tree(ref)
-    if tree.model_version is None:
-        raise RegistryError(f"{ref}: the lineage graph needs a model version (MODEL@ALIAS or MODEL/VERSION), "
-                            f"not a run id")
-    info = tree.model_version
-    mv = MlflowClient().get_model_version(info["name"], info["version"])
-    version = VersionInfo(name=mv.name, version=mv.version, aliases=list(mv.aliases or []), run_id=mv.run_id,
-                          tags=dict(mv.tags))
+    mv = resolve_ref(client(), ref)
+    version = VersionInfo(name=mv.name, version=version_of(mv),
+                          aliases=sorted(a for a, v in aliases_of(client().get_registered_model(mv.name)).items()
+                                         if v == version_of(mv)),
+                          run_id=mv.run_id, tags=dict(mv.tags))
     lifecycle_id = lifecycle_run_id(mv)
     lifecycle = stages = None
     if lifecycle_id:

@@ -1,0 +1,86 @@
+"""What the post_training flow does with the registry: read the champion, register a version.
+
+Eval results live on the model version as tags (``temper.eval.<domain>.mean_reward`` ...),
+so comparing a candidate with the champion needs no search over runs; the gate's significance
+test reads the per-sample rewards of both (``samples``).
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from temper.core.errors import TrackingError
+from temper.registry.aliases import record_flow_alias
+from temper.registry.gate import GateDecision
+from temper.registry.samples import Samples, eval_samples, version_samples
+from temper.registry.store import client, mlflow_message, version_of
+from temper.registry.tags import eval_tags, mean_rewards
+
+
+def champion(model_name: str, alias: str = "champion") -> Any | None:
+    """The alias holder (an MLflow ModelVersion), or None when there is none yet."""
+    from mlflow.exceptions import MlflowException
+
+    try:
+        return client().get_model_version_by_alias(model_name, alias)
+    except MlflowException as e:
+        if e.error_code in ("RESOURCE_DOES_NOT_EXIST", "INVALID_PARAMETER_VALUE", "NOT_FOUND"):
+            return None
+        raise TrackingError(f"cannot read {model_name}@{alias}: {mlflow_message(e)}") from None
+
+
+def champion_metrics(model_name: str, alias: str = "champion") -> tuple[str | None, dict[str, float] | None]:
+    """(version, domain -> mean reward) of the alias holder; (None, None) when there is none yet."""
+    mv = champion(model_name, alias)
+    return (None, None) if mv is None else (version_of(mv), mean_rewards(mv.tags))
+
+
+def champion_samples(model_name: str, version: str | None) -> dict[str, Samples]:
+    """Per-sample eval rewards of a version (its candidate evals), for the gate; {} without a version."""
+    return version_samples(client().get_model_version(model_name, version)) if version else {}
+
+
+def run_samples(results: list[dict[str, Any]]) -> dict[str, Samples]:
+    """domain -> per-sample rewards from eval results that carry their eval run id."""
+    out = {}
+    for r in results:
+        if r.get("run_id"):
+            samples = eval_samples(r["run_id"], r["domain"])
+            if samples is not None:
+                out[r["domain"]] = samples
+    return out
+
+
+def ensure_registered_model(c: Any, model_name: str) -> None:
+    """Create the registered model unless it exists: every registering path goes through here."""
+    from mlflow.exceptions import MlflowException
+
+    try:
+        c.create_registered_model(model_name)
+    except MlflowException as e:
+        if e.error_code != "RESOURCE_ALREADY_EXISTS":
+            raise TrackingError(f"cannot create registered model {model_name}: {mlflow_message(e)}") from None
+
+
+def register_version(model_name: str, source: str, run_id: str, *, eval_results: dict[str, dict[str, Any]],
+                     decision: GateDecision, alias: str, fallback_alias: str, tags: dict[str, str],
+                     model_id: str | None = None) -> dict[str, Any]:
+    """Create the version, tag it with eval metrics and the gate decision, set the right alias.
+
+    ``model_id``: the logged model behind a ``models:/<model_id>`` source (a tracking server requires it).
+    """
+    c = client()
+    ensure_registered_model(c, model_name)
+    mv = c.create_model_version(
+        name=model_name, source=source, run_id=run_id, model_id=model_id,
+        tags={**tags, **eval_tags(eval_results), "temper.gate.passed": str(decision.passed).lower(),
+              "temper.gate.reason": decision.reason, "temper.gate.deltas": json.dumps(decision.deltas)})
+    version = version_of(mv)
+    chosen = alias if decision.passed else fallback_alias
+    record_flow_alias(c, model_name, chosen, version, reason=f"post_training gate: {decision.reason}",
+                      gate=decision.reason)
+    if not decision.passed:
+        c.set_model_version_tag(model_name, version, "temper.candidate_reason", decision.reason)
+    return {"name": model_name, "version": version, "alias": chosen, "source": source}
+

@@ -1,0 +1,111 @@
+"""Per-sample eval rewards and the stage runs of a lifecycle run.
+
+The post_training flow evaluates the base model and the candidate under the same lifecycle run
+(``eval-base-<domain>``, ``eval-candidate-<domain>``), told apart by the run tag
+``temper.eval.label``. A version's samples are its *candidate* evals only: reading the base
+model's as the version's made two identical runs look different in ``temper models compare``.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from temper.core.errors import TrackingError
+from temper.registry.store import client, mlflow_message
+
+EVAL_SAMPLES_ARTIFACT = "eval/{domain}.jsonl"
+LIFECYCLE_RUN_TAG = "temper.lifecycle_run"
+STAGE_TAG = "temper.stage"
+DOMAIN_TAG = "temper.domain"
+LABEL_TAG = "temper.eval.label"  # 'base' or 'candidate': which model of the lifecycle an eval run scored
+VERSION_LABEL = "candidate"  # the label of the evals that belong to the registered version
+
+Samples = list[tuple[str, float | None]]
+
+
+def log_eval_samples(domain: str, rewards: Samples) -> str:
+    """Log per-sample rewards of one domain's eval to the active MLflow run; returns the artifact path.
+
+    One JSON object per line, ``{"id": ..., "reward": ...}`` (reward ``null`` = not scored),
+    at ``eval/<domain>.jsonl``. Mean reward and pass rate on the version are summaries; these
+    samples are what ``temper models compare`` and the gate bootstrap their intervals from.
+    """
+    import mlflow
+
+    if mlflow.active_run() is None:
+        raise TrackingError(f"log_eval_samples({domain!r}): no active MLflow run to log to")
+    path = EVAL_SAMPLES_ARTIFACT.format(domain=domain)
+    lines = [json.dumps({"id": str(sample_id), "reward": None if r is None else float(r)}) for sample_id, r in rewards]
+    mlflow.log_text("\n".join(lines) + ("\n" if lines else ""), path)
+    return path
+
+
+def parse_eval_samples(text: str) -> Samples:
+    """The inverse of the ``log_eval_samples`` format (blank lines ignored)."""
+    out = []
+    for line in text.splitlines():
+        if line.strip():
+            obj = json.loads(line)
+            out.append((str(obj["id"]), None if obj.get("reward") is None else float(obj["reward"])))
+    return out
+
+
+def eval_samples(run_id: str, domain: str) -> Samples | None:
+    """Per-sample rewards of ``domain`` logged on run ``run_id``; None when that run has none."""
+    import mlflow
+    from mlflow.exceptions import MlflowException
+
+    path = EVAL_SAMPLES_ARTIFACT.format(domain=domain)
+    try:
+        present = {a.path for a in client().list_artifacts(run_id, path.rsplit("/", 1)[0])}
+        if path not in present:
+            return None
+        return parse_eval_samples(mlflow.artifacts.load_text(f"runs:/{run_id}/{path}"))
+    except MlflowException as e:
+        raise TrackingError(f"cannot read {path} of run {run_id}: {mlflow_message(e)}") from None
+
+
+def lifecycle_run_id(mv: Any) -> str | None:
+    """The lifecycle (parent) run that produced a model version: its tag, else its run's parent."""
+    if mv.tags.get(LIFECYCLE_RUN_TAG):
+        return mv.tags[LIFECYCLE_RUN_TAG]
+    if not mv.run_id:
+        return None
+    return client().get_run(mv.run_id).data.tags.get("mlflow.parentRunId")
+
+
+def stage_runs(lifecycle_id: str) -> list[Any]:
+    """Child runs (validate, sft, grpo, eval, register, ...) of a lifecycle run, oldest first."""
+    c = client()
+    parent = c.get_run(lifecycle_id)
+    return c.search_runs([parent.info.experiment_id], filter_string=f"tags.`mlflow.parentRunId` = '{lifecycle_id}'",
+                         order_by=["attributes.start_time ASC"], max_results=1000)
+
+
+def is_version_eval(tags: dict[str, str]) -> bool:
+    """An eval stage run of the version itself: the candidate's, or unlabelled (runs logged before labels)."""
+    return tags.get(STAGE_TAG) == "eval" and tags.get(LABEL_TAG, VERSION_LABEL) == VERSION_LABEL
+
+
+def version_samples(mv: Any) -> dict[str, Samples]:
+    """domain -> per-sample rewards of the version, from the candidate eval runs of its lifecycle run.
+
+    Each eval run may hold one or more ``eval/<domain>.jsonl``. A version without a lifecycle
+    run has no samples.
+    """
+    lifecycle = lifecycle_run_id(mv)
+    if not lifecycle:
+        return {}
+    out: dict[str, Samples] = {}
+    for run in stage_runs(lifecycle):
+        if not is_version_eval(run.data.tags):
+            continue
+        domains = [run.data.tags[DOMAIN_TAG]] if run.data.tags.get(DOMAIN_TAG) else \
+            [a.path.removeprefix("eval/").removesuffix(".jsonl")
+             for a in client().list_artifacts(run.info.run_id, "eval") if a.path.endswith(".jsonl")]
+        for d in domains:
+            samples = eval_samples(run.info.run_id, d)
+            if samples is not None:
+                out[d] = samples
+    return out

@@ -1,0 +1,290 @@
+"""The registry as the real post_training flow writes it, on both stores MLflow offers.
+
+Two consecutive runs of the flow (tiny model, 20 SFT steps, 1 GRPO step, 16 eval items, one
+rank, same seed: two identical models) against one registry, once on the embedded sqlite store
+(what `make demo` writes) and once on an MLflow server. The stores differ where it hurt: sqlite
+returns model versions as ints, the server as strings. The pair of runs is shared by every test
+of a store (module scope); tests that move aliases come after the ones that only read.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+
+import pytest
+
+from temper.cli import main
+from tests.conftest import REPO
+
+MODEL = "temper-demo"
+DOMAINS = ["arithmetic", "multiplication"]
+TIMINGS: dict[str, float] = {}
+
+
+def _params(**kw):
+    from temper.lifecycle.params import EvalSettings, GRPOSettings, PostTrainingParams, SFTSettings
+
+    fields = dict(model_name=MODEL, domains=DOMAINS, world_size=1, sft=SFTSettings(max_steps=20),
+                  grpo=GRPOSettings(max_steps=1), eval=EvalSettings(limit=16))
+    return PostTrainingParams(**{**fields, **kw})
+
+
+def _env(mp: pytest.MonkeyPatch, home, uri: str | None) -> str:
+    from infra import lineage
+    from temper.core.settings import get_settings
+
+    mp.setenv("TEMPER_HOME", str(home))
+    mp.setenv("TEMPER_CATALOG_DIR", str(REPO / "domains"))
+    for var in ("TEMPER_TRACKING_URI", "TEMPER_STORAGE_ROOT", "TEMPER_S3_ENDPOINT_URL", "MLFLOW_TRACKING_URI"):
+        mp.delenv(var, raising=False)
+    if uri:
+        mp.setenv("TEMPER_TRACKING_URI", uri)
+    get_settings.cache_clear()
+    resolved = lineage.configure()
+    mp.setenv("MLFLOW_TRACKING_URI", resolved)
+    return resolved
+
+
+@pytest.fixture(scope="module", params=["sqlite", "server"])
+def flow_registry(request, tmp_path_factory, prefect_api):
+    """Two real post_training runs into one registry; yields what they returned."""
+    from flows.post_training import post_training
+    from temper.core.settings import get_settings
+
+    uri = request.getfixturevalue("mlflow_server") if request.param == "server" else None
+    with pytest.MonkeyPatch.context() as mp:
+        _env(mp, tmp_path_factory.mktemp(f"home-{request.param}"), uri)
+        assert main(["data", "generate", *(f"--domain={d}" for d in DOMAINS)]) == 0
+        states = []
+        for i in (1, 2):
+            t0 = time.time()
+            states.append(post_training(_params(), return_state=True))
+            TIMINGS[f"{request.param} run {i}"] = time.time() - t0
+        yield {"store": request.param, "states": states}
+    get_settings.cache_clear()
+
+
+def cli(capsys, *argv: str) -> tuple[int, str, str]:
+    capsys.readouterr()
+    code = main(list(argv))
+    out = capsys.readouterr()
+    return code, out.out, out.err
+
+
+def _client():
+    from mlflow.tracking import MlflowClient
+
+    return MlflowClient()
+
+
+def _mean(samples) -> float:
+    scored = [r for _, r in samples if r is not None]
+    return sum(scored) / len(scored)
+
+
+def _eval_runs(version: str) -> dict[tuple[str, str], str]:
+    """(label, domain) -> eval run id, under the version's lifecycle run."""
+    from temper.registry.samples import stage_runs
+
+    mv = _client().get_model_version(MODEL, version)
+    return {(r.data.tags["temper.eval.label"], r.data.tags["temper.domain"]): r.info.run_id
+            for r in stage_runs(mv.tags["temper.lifecycle_run"]) if r.data.tags.get("temper.stage") == "eval"}
+
+
+# ---- reading the registry ------------------------------------------------------------------
+
+def test_second_run_meets_the_champion_and_the_gate_decides(flow_registry):
+    """Was: the second run failed in the report ('version ' + int) after registering v2 (sqlite)."""
+    first, second = flow_registry["states"]
+    assert first.is_completed(), first.message
+    assert second.is_completed(), second.message
+    r1, r2 = first.result(), second.result()
+    assert (r1["registered"]["version"], r1["registered"]["alias"]) == ("1", "champion")
+    assert r2["champion_before"] == "1" and r2["registered"]["version"] == "2"
+    assert "Champion before this run: version 1" in r2["report"]
+    # identical models: every per-sample delta is 0, so no domain regresses; a tie keeps the champion
+    assert r2["after"] == r1["after"]
+    gate = r2["gate"]
+    assert gate["regressed"] == [] and set(gate["p_values"]) == set(DOMAINS)
+    assert all(p == 1.0 for p in gate["p_values"].values()) and not gate["passed"]
+    assert "tie keeps the champion" in gate["reason"] and r2["registered"]["alias"] == "candidate"
+    for r in (r1, r2):
+        assert _client().get_run(r["lifecycle_run_id"]).info.status == "FINISHED"
+
+
+def test_version_samples_are_the_candidates_not_the_base_models(flow_registry):
+    """Was: the base model's eval/<domain>.jsonl (same lifecycle run) could be read as the version's."""
+    from temper.registry.samples import eval_samples, version_samples
+
+    differs = 0
+    for v in ("1", "2"):
+        mv = _client().get_model_version(MODEL, v)
+        runs = _eval_runs(v)
+        samples = version_samples(mv)
+        assert set(samples) == set(DOMAINS)
+        for d in DOMAINS:
+            assert samples[d] == eval_samples(runs[("candidate", d)], d)
+            assert _mean(samples[d]) == pytest.approx(float(mv.tags[f"temper.eval.{d}.mean_reward"]))
+            differs += eval_samples(runs[("base", d)], d) != samples[d]
+    assert differs, "SFT changed no eval answer: this test could not tell base from candidate"
+
+
+def test_compare_of_two_identical_runs_finds_no_difference(flow_registry, capsys):
+    """Was: 'v1 better, 95% CI [-0.234, -0.016]' when one side's samples were the base model's."""
+    code, out, err = cli(capsys, "models", "compare", MODEL, "1", "2", "--json", "--no-log")
+    assert code == 0, err
+    rows = json.loads(out)["rows"]
+    assert [r["domain"] for r in rows] == DOMAINS
+    for r in rows:
+        iv = r["interval"]
+        assert iv["paired"] and (iv["delta"], iv["lo"], iv["hi"]) == (0.0, 0.0, 0.0) and iv["n_a"] == 16
+        assert r["hint"] == "no significant difference (95% CI [+0.000, +0.000])"
+
+
+def test_lineage_graph_draws_only_the_versions_own_evals(flow_registry, capsys):
+    """Was: the base model's eval runs drawn as evaluations of the GRPO output, with the candidate's numbers."""
+    code, out, err = cli(capsys, "lineage", f"{MODEL}/2", "--format", "mermaid", "--no-attach")
+    assert code == 0, err
+    runs = _eval_runs("2")
+    mv = _client().get_model_version(MODEL, "2")
+    for d in DOMAINS:
+        assert f"run_{runs[('candidate', d)]}" in out
+        assert f"run_{runs[('base', d)]}" not in out
+        reward = float(mv.tags[f"temper.eval.{d}.mean_reward"])
+        assert f"eval {d}<br/>mean_reward={reward:.3f}" in out
+    assert out.count("eval arithmetic") == 1 and out.count("eval multiplication") == 1
+
+
+def test_models_list_shows_the_aliases(flow_registry, capsys):
+    """Was: 'aliases: []' on every version (sqlite: alias targets are ints)."""
+    code, out, err = cli(capsys, "models", "list", MODEL, "--json")
+    assert code == 0, err
+    assert {v["version"]: v["aliases"] for v in json.loads(out)} == {"1": ["champion"], "2": ["candidate"]}
+    code, out, _ = cli(capsys, "models", "list", MODEL)
+    assert "\nv1 @champion  created" in out and "\nv2 @candidate  created" in out
+
+
+def test_promoting_a_missing_version_is_one_clear_line(flow_registry, capsys):
+    """Was: a TypeError traceback (sqlite: joining int version numbers into the message)."""
+    code, out, err = cli(capsys, "models", "promote", MODEL, "9", "--reason", "x")
+    assert code == 1 and out == ""
+    assert err == f"temper: error: {MODEL}: no version 9 (versions: 1, 2)\n"
+
+
+# ---- moving aliases (order matters from here) ----------------------------------------------
+
+def test_promoting_the_holder_changes_nothing_and_records_nothing(flow_registry, capsys):
+    """Was: an audit event for a move that did not happen (sqlite: '1' != 1)."""
+    from temper.registry.aliases import audit_trail
+
+    before = audit_trail(MODEL)
+    code, out, err = cli(capsys, "models", "promote", MODEL, "champion", "--reason", "again")
+    assert code == 0, err
+    assert out.strip() == f"{MODEL}@champion already on v1; nothing changed (no audit event)"
+    assert audit_trail(MODEL) == before and len(before) == 1
+
+
+def test_forced_promote_then_rollback_returns_to_the_flows_champion(flow_registry, capsys):
+    """Was: rollback printed 'v2 -> v2' and changed nothing (flow events held '2', promote's 2)."""
+    code, out, err = cli(capsys, "models", "promote", MODEL, "2", "--force", "--reason", "x")
+    assert code == 0, err
+    assert out.startswith(f"{MODEL}@champion: v1 -> v2 (promote #2); gate: FAIL (forced): mean improvement +0.000")
+    code, out, err = cli(capsys, "models", "rollback", MODEL, "--reason", "y")
+    assert code == 0, err
+    assert out.strip() == f"{MODEL}@champion: v2 -> v1 (rollback #3)"
+    assert _client().get_model_version_by_alias(MODEL, "champion").version in (1, "1")
+
+    code, out, err = cli(capsys, "models", "history", MODEL)
+    assert code == 0, err
+    lines = out.splitlines()
+    assert lines[0] == f"{MODEL}@champion: 3 event(s)"
+    assert " promote unset -> v1 by " in lines[1] and "(post_training flow): post_training gate: no champion" in lines[1]
+    assert " promote FORCED v1 -> v2 by " in lines[2] and lines[2].split(": ", 1)[1].startswith("x  gate: mean")
+    assert " rollback v2 -> v1 by " in lines[3] and lines[3].endswith(": y")
+    code, out, _ = cli(capsys, "models", "history", MODEL, "--alias", "candidate", "--json")
+    assert [(e["seq"], e["version"], e["previous"]) for e in json.loads(out)] == [(1, "2", None)]
+
+
+def test_concurrent_promotions_get_distinct_sequence_numbers(flow_registry):
+    """Was: two promotions at once both wrote temper.audit.champion.<N+1>; one event lost."""
+    from temper.registry.aliases import audit_trail, promote
+    from temper.registry.audit import holder_stack
+
+    start = len(audit_trail(MODEL))
+    n = 8
+    barrier = threading.Barrier(n)
+    results, errors = [], []
+
+    def one(i: int) -> None:
+        barrier.wait()
+        try:
+            results.append(promote(MODEL, "2" if i % 2 else "1", reason=f"parallel {i}", force=True))
+        except Exception as e:  # collected, asserted below
+            errors.append(e)
+
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(n)]
+    t0 = time.time()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    TIMINGS[f"{flow_registry['store']} {n} parallel promotes"] = time.time() - t0
+    assert not errors, errors
+    changed = [r for r in results if r.changed]
+    trail = audit_trail(MODEL)
+    new = trail[start:]
+    assert len(new) == len(changed) and len(changed) >= 1
+    assert [e.seq for e in trail] == list(range(1, len(trail) + 1))  # distinct and gap-free
+    assert sorted(r.event.seq for r in changed) == [e.seq for e in new]
+    for prev, e in zip(trail, trail[1:]):  # each move starts where the last one ended
+        assert e.previous == prev.version
+    holder = str(_client().get_model_version_by_alias(MODEL, "champion").version)
+    assert holder_stack(trail)[-1] == trail[-1].version == holder
+    assert not [m for m in _client().search_registered_models() if m.name.startswith("temper-lock.")]
+
+
+def test_timings(flow_registry):
+    print("\n" + "\n".join(f"{k}: {v:.1f}s" for k, v in TIMINGS.items()))
+
+
+# ---- failures after the lifecycle run opened -----------------------------------------------
+
+FAILURES = {  # the stage that fails -> how to make it fail cheaply
+    "train-sft": dict(base_model="/nonexistent/base-model"),
+    "train-grpo": dict(base_model="/nonexistent/base-model", sft={"enabled": False}),
+    "resolve_domains": dict(sft={"enabled": False}, eval={"domains": ["no-such-domain"], "limit": 4}),
+    "register": dict(sft={"enabled": False}, eval={"limit": 4}, promotion={"alias": "v7"}),  # MLflow refuses v<N>
+}
+
+
+@pytest.fixture(scope="module")
+def failing_home(tmp_path_factory, prefect_api):
+    from temper.core.settings import get_settings
+
+    with pytest.MonkeyPatch.context() as mp:
+        _env(mp, tmp_path_factory.mktemp("home-failing"), None)
+        assert main(["data", "generate", *(f"--domain={d}" for d in DOMAINS)]) == 0
+        yield mp
+    get_settings.cache_clear()
+
+
+@pytest.mark.parametrize("stage", list(FAILURES))
+def test_any_failure_after_the_lifecycle_run_opens_closes_it_failed_with_a_report(failing_home, stage, tmp_path):
+    """Was: the lifecycle run stayed RUNNING, with no report, whenever a stage after it failed."""
+    from flows.post_training import post_training
+    from tasks.registry import FLOW_RUN_TAG
+
+    state = post_training(_params(model_name=f"failing-{stage}", **FAILURES[stage]), return_state=True)
+    assert state.is_failed()
+    c = _client()
+    runs = c.search_runs([c.get_experiment_by_name("post_training").experiment_id],
+                         f"tags.`{FLOW_RUN_TAG}` = '{state.state_details.flow_run_id}'")
+    assert len(runs) == 1
+    run = runs[0]
+    assert run.info.status == "FAILED"
+    assert run.data.tags["temper.failed_stage"].startswith(stage)
+    report = open(c.download_artifacts(run.info.run_id, "report.md", str(tmp_path))).read()
+    assert report.startswith(f"# post_training {run.info.run_name}: FAILED")
+    assert f"## Failed\n\n{stage}" in report
