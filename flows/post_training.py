@@ -14,7 +14,7 @@ is a task over plain functions (tasks/, temper/), so the flow reads as the lifec
 from __future__ import annotations
 
 from prefect import flow, get_run_logger, unmapped
-from prefect.artifacts import create_markdown_artifact
+from prefect.artifacts import create_markdown_artifact, create_table_artifact
 from prefect.runtime import flow_run
 
 from tasks.data import calibration_gate, resolve_domains, validate_domain
@@ -45,7 +45,7 @@ def _lifecycle_link(run_id: str) -> str:
 
 @flow(name="post_training", log_prints=True, on_failure=[fail_lifecycle], on_crashed=[fail_lifecycle])
 def post_training(params: PostTrainingParams = PostTrainingParams()) -> dict:
-    from temper.lifecycle.report import post_training_markdown, validation_markdown
+    from temper.lifecycle.report import domain_csv, domain_rows, post_training_markdown, validation_markdown
 
     logger = get_run_logger()
     run_key = f"pt-{(flow_run.get_id() or 'local')[:8]}"
@@ -100,7 +100,9 @@ def post_training(params: PostTrainingParams = PostTrainingParams()) -> dict:
                                       champion_version=champion_version, decision=decision.reason,
                                       registered=registered)
     create_markdown_artifact(markdown=markdown, key=REPORT_KEY, description="post_training result")
-    close_lifecycle(lifecycle_run_id, "FINISHED", markdown)
+    rows = domain_rows(_means(before), _means(after), champion_means)
+    create_table_artifact(table=rows, key="post-training-domains", description="per-domain eval: base, candidate, delta")
+    close_lifecycle(lifecycle_run_id, "FINISHED", markdown, domain_csv(rows))
     return {"run_key": run_key, "lifecycle_run_id": lifecycle_run_id, "before": _means(before),
             "after": _means(after), "champion_before": champion_version, "gate": decision.model_dump(),
             "registered": registered, "report": markdown}

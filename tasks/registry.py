@@ -37,13 +37,16 @@ def open_lifecycle(params: PostTrainingParams, run_name: str, reports: list[Doma
 
 
 @task(**_MLFLOW_RETRY)
-def close_lifecycle(run_id: str, status: str, report_markdown: str) -> None:
+def close_lifecycle(run_id: str, status: str, report_markdown: str, domain_table_csv: str | None = None) -> None:
+    """The report (and the per-domain table, as CSV) on the lifecycle run, which is then closed."""
     import mlflow
 
     from infra import lineage
 
     with lineage.resume_run(run_id):
         mlflow.log_text(report_markdown, "report.md")
+        if domain_table_csv:
+            mlflow.log_text(domain_table_csv, "per_domain.csv")
     lineage.close_run(run_id, status)
 
 

@@ -5,9 +5,22 @@ from __future__ import annotations
 from data_contracts.runner import DomainReport
 
 
+# Past this many domains a report summarises; the full per-domain table goes to MLflow (CSV) and
+# to a Prefect table artifact, where a person can sort and search it.
+SUMMARY_THRESHOLD = 20
+TOP_N = 10
+
+
 def validation_markdown(reports: list[DomainReport]) -> str:
     lines = ["| domain | contract | rows | digest | result |", "|---|---|---:|---|---|"]
-    for r in reports:
+    shown = reports
+    if len(reports) > SUMMARY_THRESHOLD:  # at hundreds of domains: the failures, and a count of the rest
+        shown = [r for r in reports if not r.success or r.error]
+        lines.insert(0, f"{len(reports) - len(shown)} of {len(reports)} domains pass their contract"
+                        + ("; the others:\n" if shown else "."))
+        if not shown:
+            return lines[0]
+    for r in shown:
         if r.error:
             result = f"error: {r.error}"
         elif r.success:
@@ -20,12 +33,47 @@ def validation_markdown(reports: list[DomainReport]) -> str:
     return "\n".join(lines)
 
 
-def before_after_markdown(before: dict[str, float], after: dict[str, float], champion: dict[str, float] | None) -> str:
-    lines = ["| domain | base | candidate | delta | champion |", "|---|---:|---:|---:|---:|"]
+def domain_rows(before: dict[str, float], after: dict[str, float], champion: dict[str, float] | None) -> list[dict]:
+    """One row per evaluated domain: base, candidate, delta (candidate - base), champion."""
+    rows = []
     for d in sorted(after):
-        b = before.get(d)
-        c = (champion or {}).get(d)
-        lines.append(f"| {d} | {_f(b)} | {_f(after[d])} | {_f(after[d] - b if b is not None else None, sign=True)} | {_f(c)} |")
+        b, c = before.get(d), (champion or {}).get(d)
+        rows.append({"domain": d, "base": b, "candidate": after[d],
+                     "delta": None if b is None else after[d] - b, "champion": c})
+    return rows
+
+
+def domain_csv(rows: list[dict]) -> str:
+    import csv
+    import io
+
+    out = io.StringIO()
+    writer = csv.DictWriter(out, fieldnames=["domain", "base", "candidate", "delta", "champion"])
+    writer.writeheader()
+    writer.writerows(rows)
+    return out.getvalue()
+
+
+def before_after_markdown(before: dict[str, float], after: dict[str, float], champion: dict[str, float] | None) -> str:
+    rows = domain_rows(before, after, champion)
+    head = ["| domain | base | candidate | delta | champion |", "|---|---:|---:|---:|---:|"]
+
+    def table(chosen: list[dict]) -> list[str]:
+        return head + [f"| {r['domain']} | {_f(r['base'])} | {_f(r['candidate'])} | {_f(r['delta'], sign=True)} | "
+                       f"{_f(r['champion'])} |" for r in chosen]
+
+    if len(rows) <= SUMMARY_THRESHOLD:
+        return "\n".join(table(rows))
+    deltas = [r for r in rows if r["delta"] is not None]
+    up = sum(r["delta"] > 1e-9 for r in deltas)
+    down = sum(r["delta"] < -1e-9 for r in deltas)
+    by_delta = sorted(deltas, key=lambda r: (r["delta"], r["domain"]))
+    mean = sum(r["candidate"] for r in rows) / len(rows)
+    lines = [f"{len(rows)} domains: **{up} improved, {down} regressed, {len(deltas) - up - down} unchanged** "
+             f"(candidate vs base); mean candidate reward {mean:.3f}. The full table is `per_domain.csv` in the "
+             "lifecycle run and the Prefect table artifact `post-training-domains`.", "",
+             f"### Worst {min(TOP_N, len(by_delta))} by delta", ""] + table(by_delta[:TOP_N])
+    lines += ["", f"### Best {min(TOP_N, len(by_delta))} by delta", ""] + table(by_delta[::-1][:TOP_N])
     return "\n".join(lines)
 
 
@@ -55,7 +103,9 @@ def post_training_markdown(*, flow_run: str, domains: list[str], validation: str
         return "\n".join([f"# post_training {flow_run}: FAILED", "", f"Lifecycle run: {lifecycle_link}", "",
                           "## Failed", "", failed, "", "The lifecycle run is closed as FAILED; no alias moved unless "
                           "the failure came after registration (see the registry's audit trail)."])
-    lines = [f"# post_training {flow_run}", "", f"Domains: {', '.join(domains)}", f"Lifecycle run: {lifecycle_link}", "",
+    listed = ", ".join(domains) if len(domains) <= SUMMARY_THRESHOLD else \
+        f"{len(domains)} ({', '.join(domains[:5])}, ... {domains[-1]})"
+    lines = [f"# post_training {flow_run}", "", f"Domains: {listed}", f"Lifecycle run: {lifecycle_link}", "",
              "## Data contracts", "", validation, ""]
     if stopped:
         lines += ["## Stopped before training", "", stopped, "", "No training ran and no model version was registered."]

@@ -134,3 +134,25 @@ def test_renderers_escape_quotes():
     g = assemble("ref", version, None, [])
     assert to_mermaid(g) == 'flowchart LR\n  mv_we_ird_1[["we#quot;ird v1"]]\n'
     assert 'mv_we_ird_1 [label="we\\"ird v1", shape=box3d];' in to_dot(g)
+
+
+def test_report_at_hundreds_of_domains_summarises_and_keeps_the_full_table():
+    """Past 20 domains the report counts improved/regressed/unchanged and shows the worst and best ten;
+    every domain is still in the CSV that goes to MLflow."""
+    import csv
+    import io
+
+    from temper.lifecycle.report import before_after_markdown, domain_csv, domain_rows
+
+    names = [f"rg-task{i:03d}-easy" for i in range(300)]
+    before = {n: 0.5 for n in names}
+    after = {n: 0.5 + (i % 3 - 1) * 0.01 * (i + 1) for i, n in enumerate(names)}  # -, 0, + in turn
+    text = before_after_markdown(before, after, None)
+    assert "300 domains: **100 improved, 100 regressed, 100 unchanged**" in text
+    assert text.count("\n| rg-task") == 20 and "Worst 10 by delta" in text and "Best 10 by delta" in text
+    worst = text.split("### Worst")[1].split("### Best")[0]
+    assert "| rg-task297-easy |" in worst  # the largest drop: i = 297 (i % 3 == 0), delta -2.98
+    rows = list(csv.DictReader(io.StringIO(domain_csv(domain_rows(before, after, None)))))
+    assert len(rows) == 300 and {r["domain"] for r in rows} == set(names)
+    small = before_after_markdown({"a": 0.1}, {"a": 0.2}, {"a": 0.15})
+    assert small.splitlines()[2] == "| a | 0.100 | 0.200 | +0.100 | 0.150 |"
