@@ -101,23 +101,24 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("models", help="registry operations: list, compare, promote, rollback, history")
     s = p.add_subparsers(dest="models_command", required=True, metavar="SUBCOMMAND")
 
-    ls = s.add_parser("list", help="versions with aliases, base model, datasets, eval summary, created time")
-    ls.add_argument("model")
-    ls.add_argument("--json", action="store_true")
-    ls.set_defaults(func=list_cmd)
+    def command(name: str, func, help: str):
+        """A subcommand over one registered model, with --json."""
+        c = s.add_parser(name, help=help)
+        c.add_argument("model")
+        c.add_argument("--json", action="store_true")
+        c.set_defaults(func=func)
+        return c
 
-    c = s.add_parser("compare", help="per-domain metrics of two versions, deltas B - A, bootstrap significance")
-    c.add_argument("model")
+    command("list", list_cmd, "versions with aliases, base model, datasets, eval summary, created time")
+
+    c = command("compare", compare_cmd, "per-domain metrics of two versions, deltas B - A, bootstrap significance")
     c.add_argument("a", help="version number or alias (the baseline)")
     c.add_argument("b", help="version number or alias (compared against A)")
     c.add_argument("--domains", default=None, metavar="GLOB", help="only domains matching this glob")
-    c.add_argument("--json", action="store_true")
     c.add_argument("--no-log", action="store_true", help="do not record the table and chart in MLflow")
     c.add_argument("--seed", type=int, default=0, help="bootstrap seed (results are reproducible)")
-    c.set_defaults(func=compare_cmd)
 
-    pr = s.add_parser("promote", help="move an alias to a version through the gate, with an audit trail")
-    pr.add_argument("model")
+    pr = command("promote", promote_cmd, "move an alias to a version through the gate, with an audit trail")
     pr.add_argument("version", help="version number (or an alias, e.g. candidate)")
     pr.add_argument("--alias", default="champion")
     pr.add_argument("--reason", required=True, help="why; kept in the audit trail")
@@ -127,18 +128,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     pr.add_argument("--min-reward", type=float, default=defaults.min_reward)
     pr.add_argument("--significance", type=float, default=defaults.significance,
                     help="family-wise error rate of the per-domain regression tests (Holm-corrected)")
-    pr.add_argument("--json", action="store_true")
-    pr.set_defaults(func=promote_cmd)
 
-    rb = s.add_parser("rollback", help="move an alias back to its previous holder (from the audit trail)")
-    rb.add_argument("model")
+    rb = command("rollback", rollback_cmd, "move an alias back to its previous holder (from the audit trail)")
     rb.add_argument("--alias", default="champion")
     rb.add_argument("--reason", default="rollback")
-    rb.add_argument("--json", action="store_true")
-    rb.set_defaults(func=rollback_cmd)
 
-    h = s.add_parser("history", help="the audit trail of an alias: every promote/rollback, oldest first")
-    h.add_argument("model")
+    h = command("history", history_cmd, "the audit trail of an alias: every promote/rollback, oldest first")
     h.add_argument("--alias", default="champion")
-    h.add_argument("--json", action="store_true")
-    h.set_defaults(func=history_cmd)

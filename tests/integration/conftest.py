@@ -145,3 +145,10 @@ def one_torch_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(before)
+
+
+@pytest.fixture
+def flow_env(tracked, prefect_api, request):
+    """Tracking + a Prefect API, and the datasets of the test module's ``FLOW_DOMAINS`` generated."""
+    generate(*getattr(request.module, "FLOW_DOMAINS", ("arithmetic",)))
+    return prefect_api

@@ -20,13 +20,8 @@ pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 @pytest.fixture(scope="module")
-def tiny(tiny_model):
-    return tiny_model(max_positions=2048)
-
-
-@pytest.fixture(scope="module")
-def base(tiny):
-    return Engine(EngineConfig(model_dir=tiny, lanes=ONE_LANE))
+def base(tiny_model):
+    return Engine(EngineConfig(model_dir=tiny_model(max_positions=2048), lanes=ONE_LANE))
 
 
 def engine(base, **kw):

@@ -104,37 +104,41 @@ class CodeTestsVerifier(Verifier):
             reward = 0.0
         return Verdict(reward, {**details, "all_passed": bool(ok), "passed": passed, "counted": total})
 
+    def _ready(self, record: dict[str, Any], completion: str):
+        """(job, None) when the completion must run; (None, verdict) when it is judged without running
+        (the record does not apply: None; a degenerate completion: its screen verdict)."""
+        job = self._job(record, completion)
+        if job is None:
+            return None, None
+        if (bad := self.screen(record, completion)) is not None:
+            return None, bad
+        return job, None
+
     def score(self, record: dict[str, Any], completion: str) -> Verdict | None:
         from infra.sandbox.pool import PoolFull, QueueTimeout
 
-        job = self._job(record, completion)
+        job, early = self._ready(record, completion)
         if job is None:
-            return None
-        if (bad := self.screen(record, completion)) is not None:
-            return bad
+            return early
         pool, token, argv, kwargs = job
         try:
-            result = pool.exec(argv, **kwargs)
+            return self._verdict(pool.exec(argv, **kwargs), token)
         except (PoolFull, QueueTimeout) as e:  # overload is not the completion's fault
             log.warning("code_tests: %s", e)
             return None
-        return self._verdict(result, token)
 
     async def ascore(self, record: dict[str, Any], completion: str) -> Verdict | None:
         from infra.sandbox.pool import PoolFull, QueueTimeout
 
-        job = self._job(record, completion)
+        job, early = self._ready(record, completion)
         if job is None:
-            return None
-        if (bad := self.screen(record, completion)) is not None:
-            return bad
+            return early
         pool, token, argv, kwargs = job
         try:
-            result = await pool.aexec(argv, **kwargs)
+            return self._verdict(await pool.aexec(argv, **kwargs), token)
         except (PoolFull, QueueTimeout) as e:
             log.warning("code_tests: %s", e)
             return None
-        return self._verdict(result, token)
 
 
 def _lines(text: str, ordered: bool) -> list[str]:
