@@ -205,7 +205,7 @@ def test_promote_rollback_twice_then_nothing_left(tracked, model, capsys):
                                        {"name": "tool_calls", "digest": digest("tool_calls")[:32]}]
     assert listed["1"]["created"].endswith("+00:00")
     code, out, _ = cli(capsys, "models", "list", model)
-    assert f"v1 @champion  created" in out and "eval tool_calls: pass_rate=0.525 mean_reward=0.525 n=40" in out
+    assert "v1 @champion  created" in out and "eval tool_calls: pass_rate=0.525 mean_reward=0.525 n=40" in out
 
 
 def test_gate_blocks_promotion_until_forced(tracked, model, capsys):
