@@ -18,6 +18,9 @@ import pytest
 from temper.cli import main
 from tests.conftest import REPO
 
+pytestmark = pytest.mark.slow  # two real post_training runs per store
+
+
 MODEL = "temper-demo"
 DOMAINS = ["arithmetic", "multiplication"]
 TIMINGS: dict[str, float] = {}
