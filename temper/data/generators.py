@@ -223,6 +223,9 @@ def reasoning_gym(rows: int, seed: int = 0, eval_fraction: float = 0.1, task: st
     from temper.core.errors import DatasetError
     from temper.data.packs_reasoning_gym import generate_many
 
+    if not task:
+        raise DatasetError("reasoning_gym generator needs generator_params.task (pack domains set it)")
+    name = name or f"rg-{task}-{tier}"
     with tempfile.TemporaryDirectory(prefix="temper-rg-") as tmp:
         out = str(Path(tmp) / "rows.jsonl")
         reply = generate_many([{"domain": name, "task": task, "tier": tier, "rows": rows, "seed": seed,

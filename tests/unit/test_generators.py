@@ -7,7 +7,7 @@ from temper.data.generators import GENERATORS, generate
 
 
 PUBLIC = {"humaneval", "bfcl", "nl2bash"}  # fixed data read from a package: no seed, no sampling
-PACKED = {"reasoning_gym"}  # needs a task and tier from its pack: tests/unit/test_packs.py
+PACKED = {"reasoning_gym"}  # needs a task and tier from its pack: tests/integration/test_reasoning_gym_pack.py
 
 
 @pytest.mark.parametrize("name", sorted(set(GENERATORS) - PUBLIC - PACKED))
@@ -56,3 +56,8 @@ def test_python_references_pass_their_own_tests():
 def test_bad_generator_params_name_the_generator():
     with pytest.raises(DatasetError, match="generator arithmetic: bad generator_params"):
         generate("arithmetic", 10, 0, 0.1, {"nope": 1})
+
+
+def test_reasoning_gym_generator_needs_its_task():
+    with pytest.raises(DatasetError, match="reasoning_gym generator needs generator_params.task"):
+        generate("reasoning_gym", 10, 0, 0.1, {})

@@ -73,8 +73,8 @@ def test_overrides_and_tier_filtering(tmp_path):
 
 
 def test_task_without_levels_gets_its_default_tier(tmp_path):
-    write(tmp_path, "p", small(tasks=["gsm_symbolic"]))
-    assert sorted(load_catalog(tmp_path)) == ["rg-gsm_symbolic-default"]
+    write(tmp_path, "p", small(tasks=["acre"]))
+    assert sorted(load_catalog(tmp_path)) == ["rg-acre-default"]
 
 
 @pytest.mark.parametrize("over, message", [
