@@ -27,9 +27,9 @@ TIMINGS: dict[str, float] = {}
 
 
 def _params(**kw):
-    from temper.lifecycle.params import EvalSettings, GRPOSettings, PostTrainingParams, SFTSettings
+    from temper.lifecycle.params import EvalSettings, GRPOSettings, PostTrainingParams, SFTStage
 
-    fields = dict(model_name=MODEL, domains=DOMAINS, world_size=1, sft=SFTSettings(max_steps=20),
+    fields = dict(model_name=MODEL, domains=DOMAINS, world_size=1, sft=SFTStage(max_steps=20),
                   grpo=GRPOSettings(max_steps=1), eval=EvalSettings(limit=16))
     return PostTrainingParams(**{**fields, **kw})
 
