@@ -38,6 +38,7 @@ class EvalResult:
     ids: list[str] = field(default_factory=list)
     wall_s: float = 0.0
     samples: list[dict[str, Any]] = field(default_factory=list)
+    too_long: int = 0  # prompts that do not fit the model's context with the new tokens: not generated, scored as ""
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -59,7 +60,16 @@ class LocalGenerator:
         self.batch_size = batch_size
 
     def __call__(self, prompts: list[str], max_new_tokens: int) -> list[str]:
-        return _greedy(self.model, self.tok, prompts, max_new_tokens, self.batch_size)
+        """Greedy completions; a prompt that does not fit the model's context (with ``max_new_tokens``)
+        gets "" without generating: the model cannot read it, and generating past the positions it was
+        built for costs memory quadratic in a length it was never meant to see (a 5k-token prompt in a
+        batch of 16 took 14 GB on the 512-position tiny model)."""
+        context = int(getattr(self.model.config, "max_position_embeddings", 0) or 0)
+        fits = [not context or len(self.tok(p)["input_ids"]) + max_new_tokens <= context for p in prompts]
+        self.too_long = fits.count(False)
+        done = iter(_greedy(self.model, self.tok, [p for p, ok in zip(prompts, fits) if ok], max_new_tokens,
+                            self.batch_size))
+        return [next(done) if ok else "" for ok in fits]
 
     def close(self) -> None:
         pass
@@ -172,6 +182,7 @@ def _evaluate(produce, model_dir: str, domain, limit: int, max_new_tokens: int, 
     t = time.perf_counter()
     prompts = [domain.render_prompt(r) for r in records]
     completions = produce(prompts, max_new_tokens) if records else []
+    too_long = getattr(produce, "too_long", 0) if records else 0
     verifier = get_verifier(domain.verifier.family, domain.verifier.params)
     verdicts = asyncio.run(_score_all(verifier, records, completions))
     rewards = [None if v is None else float(v.reward) for v in verdicts]
@@ -183,6 +194,7 @@ def _evaluate(produce, model_dir: str, domain, limit: int, max_new_tokens: int, 
         rewards=rewards, ids=[r["id"] for r in records], wall_s=time.perf_counter() - t,
         samples=[{"id": r["id"], "prompt": p[-200:], "completion": c, "reward": w}
                  for r, p, c, w in list(zip(records, prompts, completions, rewards))[:keep_samples]],
+        too_long=too_long,
     )
 
 

@@ -28,7 +28,8 @@ def record_eval(result: dict[str, Any], label: str, parent_run_id: str, experime
     with mlflow.start_run(run_id=run_id):
         mlflow.log_params({"model": result["model"], "dataset_uri": result["dataset_uri"], "n": result["n"]})
         mlflow.log_metrics({"mean_reward": result["mean_reward"], "pass_rate": result["pass_rate"],
-                            "scored": result["scored"], "wall_s": result["wall_s"]})
+                            "scored": result["scored"], "wall_s": result["wall_s"],
+                            "too_long": result.get("too_long", 0)})
         log_eval_samples(result["domain"], list(zip(result["ids"], result["rewards"])))
         mlflow.log_dict({"samples": result.get("samples", [])}, f"eval/{result['domain']}-examples.json")
     return run_id

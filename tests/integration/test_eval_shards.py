@@ -48,3 +48,14 @@ def test_two_shards_split_the_domains_and_match_one_process(temper_home, tmp_pat
 def test_a_bad_shard_index_is_refused(temper_home, tmp_path):
     proc = _run("unused", tmp_path / "out", 2, 2)
     assert proc.returncode != 0 and "shard index 2 is not in [0, 2)" in proc.stderr
+
+
+def test_prompts_longer_than_the_context_are_not_generated_and_score_zero(temper_home, tmp_path):
+    """A 512-position model is not asked to continue a 2,000-token prompt (that took 14 GB in a batch):
+    such prompts get "" (reward 0) and are counted; prompts that fit are generated as before."""
+    from workloads.evaluate import LocalGenerator
+
+    gen = LocalGenerator(str(init_tiny(tmp_path / "tiny")))  # max_position_embeddings 512, one token per char
+    out = gen(["3 + 4 =", "x" * 2000, "5 * 6 ="], 4)
+    assert out[1] == "" and gen.too_long == 1
+    assert out[0] == gen(["3 + 4 ="], 4)[0] and out[2] == gen(["5 * 6 ="], 4)[0]
