@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from temper.verifiers.base import Verdict, Verifier
+from temper.verifiers.pooled import PooledVerifier
 from temper.verifiers.registry import register
 
 log = logging.getLogger(__name__)
@@ -63,7 +64,7 @@ def _prelude(prompt: str) -> str:
 
 
 @register
-class CodeTestsVerifier(Verifier):
+class CodeTestsVerifier(PooledVerifier):
     """params: timeout_s (profile default 10), memory_mb, partial (default false: the benchmark's
     rule, 1 only when every assert passes; true: share of the asserts that a do-nothing candidate
     does not already pass)."""
@@ -104,41 +105,14 @@ class CodeTestsVerifier(Verifier):
             reward = 0.0
         return Verdict(reward, {**details, "all_passed": bool(ok), "passed": passed, "counted": total})
 
-    def _ready(self, record: dict[str, Any], completion: str):
-        """(job, None) when the completion must run; (None, verdict) when it is judged without running
-        (the record does not apply: None; a degenerate completion: its screen verdict)."""
+    def _prepare(self, record: dict[str, Any], completion: str):
         job = self._job(record, completion)
         if job is None:
-            return None, None
+            return None, None  # the record does not apply
         if (bad := self.screen(record, completion)) is not None:
-            return None, bad
-        return job, None
-
-    def score(self, record: dict[str, Any], completion: str) -> Verdict | None:
-        from infra.sandbox.pool import PoolFull, QueueTimeout
-
-        job, early = self._ready(record, completion)
-        if job is None:
-            return early
+            return bad, None
         pool, token, argv, kwargs = job
-        try:
-            return self._verdict(pool.exec(argv, **kwargs), token)
-        except (PoolFull, QueueTimeout) as e:  # overload is not the completion's fault
-            log.warning("code_tests: %s", e)
-            return None
-
-    async def ascore(self, record: dict[str, Any], completion: str) -> Verdict | None:
-        from infra.sandbox.pool import PoolFull, QueueTimeout
-
-        job, early = self._ready(record, completion)
-        if job is None:
-            return early
-        pool, token, argv, kwargs = job
-        try:
-            return self._verdict(await pool.aexec(argv, **kwargs), token)
-        except (PoolFull, QueueTimeout) as e:
-            log.warning("code_tests: %s", e)
-            return None
+        return None, (pool, argv, kwargs, token)
 
 
 def _lines(text: str, ordered: bool) -> list[str]:

@@ -30,7 +30,8 @@ import sysconfig
 from typing import Any
 
 from infra.sandbox.api import PROFILES, Limits, Profile, ro_mount
-from temper.verifiers.base import Verdict, Verifier
+from temper.verifiers.base import Verdict
+from temper.verifiers.pooled import PooledVerifier
 from temper.verifiers.registry import register
 
 log = logging.getLogger(__name__)
@@ -107,7 +108,7 @@ def extract(completion: str) -> str | None:
 
 
 @register
-class ReasoningGymVerifier(Verifier):
+class ReasoningGymVerifier(PooledVerifier):
     family = "reasoning_gym"
     sandbox_profile = "reasoning_gym"
 
@@ -138,7 +139,8 @@ class ReasoningGymVerifier(Verifier):
         return None, (pool, token, task, kwargs)
 
     @staticmethod
-    def _verdict(result, token: str, task: str) -> Verdict | None:
+    def _verdict(result, context: tuple[str, str]) -> Verdict | None:
+        token, task = context
         if result.verdict == "error":
             log.warning("reasoning_gym: sandbox failed: %s", result.stderr[-300:])
             return None
@@ -153,30 +155,9 @@ class ReasoningGymVerifier(Verifier):
         # killed (timeout, memory) or exited before reporting, e.g. an evaluated answer called exit()
         return Verdict(0.0, {**details, "exit_code": result.exit_code, "stderr": result.stderr[-300:]})
 
-    def score(self, record: dict[str, Any], completion: str) -> Verdict | None:
-        from infra.sandbox.pool import PoolFull, QueueTimeout
-
+    def _prepare(self, record: dict[str, Any], completion: str):
         early, job = self._job(record, completion)
         if job is None:
-            return early
+            return early, None
         pool, token, task, kwargs = job
-        try:
-            result = pool.exec(["python3", "-I", SCORER_FILE], **kwargs)
-        except (PoolFull, QueueTimeout) as e:  # overload is not the completion's fault
-            log.warning("reasoning_gym: %s", e)
-            return None
-        return self._verdict(result, token, task)
-
-    async def ascore(self, record: dict[str, Any], completion: str) -> Verdict | None:
-        from infra.sandbox.pool import PoolFull, QueueTimeout
-
-        early, job = self._job(record, completion)
-        if job is None:
-            return early
-        pool, token, task, kwargs = job
-        try:
-            result = await pool.aexec(["python3", "-I", SCORER_FILE], **kwargs)
-        except (PoolFull, QueueTimeout) as e:
-            log.warning("reasoning_gym: %s", e)
-            return None
-        return self._verdict(result, token, task)
+        return None, (pool, ["python3", "-I", SCORER_FILE], kwargs, (token, task))
