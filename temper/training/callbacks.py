@@ -156,9 +156,16 @@ class TemperCallback(TrainerCallback):
 
         from temper.training.export import log_and_register, reward_curve_png
 
+        from temper.training.charts import domain_heatmap_png, domain_table_csv, read_metrics
+
         png = reward_curve_png(self.out / "metrics.jsonl", self.out / "reward_curve.png")
         if png is not None:
             mlflow.log_artifact(str(png))
+        rows = read_metrics(self.out / "metrics.jsonl")
+        heatmap = domain_heatmap_png(rows, self.out / "reward_heatmap.png")
+        if heatmap is not None:
+            mlflow.log_artifact(str(heatmap))
+            mlflow.log_text(domain_table_csv(rows), "per_domain_rewards.csv")
         if result.get("model_dir") and self.cfg.register_as:
             result["model_version"] = log_and_register(result["model_dir"], self.cfg.register_as)
         result.update(mlflow_run_id=self.mlflow_run.info.run_id, mlflow_experiment=self.cfg.mlflow_experiment,

@@ -11,6 +11,8 @@ import json
 import shutil
 from pathlib import Path
 
+from temper.training.charts import MAX_CURVES
+
 from temper.training.config import TrainingError
 
 
@@ -42,6 +44,8 @@ def reward_curve_png(metrics_jsonl: str | Path, out_png: str | Path) -> Path | N
     keys = sorted({k for r in rows for k in r if k == "reward" or k.startswith("reward/")})
     if not keys:
         return None
+    if len(keys) - ("reward" in keys) > MAX_CURVES:  # hundreds of lines read as none: see charts.domain_heatmap_png
+        keys = ["reward"] if "reward" in keys else keys[:MAX_CURVES]
     import matplotlib
 
     matplotlib.use("Agg")
