@@ -174,9 +174,9 @@ def bench_grpo(root: Path, cat: Path, names: list[str], model: str, steps: int, 
 
     out = root / label
     config = {"mode": "grpo", "run_name": label, "base_model": model, "domains": names, "catalog_dir": str(cat),
-              "output_dir": str(out), "tracking": False, "export": False, "save_steps": 1000, "seed": 0,
-              "max_steps": steps, "num_generations": 4, "max_completion_length": 8, "temperature": 1.0,
-              "beta": 0.0, "learning_rate": 1e-4}
+              "output_dir": str(out), "tracking": False, "export": False, "seed": 0,
+              "grpo": {"max_steps": steps, "save_steps": 1000, "num_generations": 4, "max_completion_length": 8,
+                       "temperature": 1.0, "beta": 0.0, "learning_rate": 1e-4}}
     path = root / f"{label}.yaml"
     path.write_text(yaml.safe_dump(config))
     lines: list[str] = []
