@@ -136,15 +136,8 @@ def evaluate_domain(model_dir: str, domain_name: str, catalog_dir: str | None = 
                     max_new_tokens: int = DEFAULTS.max_new_tokens, keep_samples: int = 5,
                     generator: str = "local") -> EvalResult:
     """One domain, with a model loaded for it (see ``evaluate_domains`` for a set)."""
-    from temper.data.catalog import load_catalog
-    from temper.core.settings import get_settings
-
-    domain = load_catalog(catalog_dir or get_settings().catalog_dir)[domain_name]
-    produce = make_generator(model_dir, generator)
-    try:
-        return _evaluate(produce, model_dir, domain, limit, max_new_tokens, keep_samples)
-    finally:
-        produce.close()
+    (result,) = evaluate_domains(model_dir, [domain_name], catalog_dir, limit, max_new_tokens, keep_samples, generator)
+    return result
 
 
 def shard_of(domains: list[str], index: int, count: int) -> list[str]:

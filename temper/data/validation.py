@@ -93,13 +93,10 @@ def validate_domains(domains: list[Domain], settings: Settings | None = None, *,
     settings = settings or get_settings()
     contracts = contracts if contracts is not None else load_contracts(settings.resolved_contracts_dir)
     docs_local = Path(tempfile.mkdtemp(prefix="temper-docs-"))
-    if workers is None:
-        workers = min(os.cpu_count() or 1, len(domains) // PARALLEL_MIN_DOMAINS)
-    workers = max(1, min(workers, len(domains)))
+    workers = max(1, min(validation_workers(len(domains)) if workers is None else workers, len(domains)))
     pairs = [(d, contract_for(d, contracts)) for d in domains]
     if workers == 1:
         reports = _validate_chunk(pairs, settings, docs_local if build_docs else None, progress)
-        parts = [docs_local] if build_docs else []
     else:
         size = -(-len(pairs) // workers)
         chunks = [pairs[i:i + size] for i in range(0, len(pairs), size)]
