@@ -64,6 +64,10 @@ class Pack(BaseModel):
     eval_fraction: float = Field(gt=0, lt=1, description="Share of each domain's rows held out for eval.")
     eval_fraction_tolerance: float = Field(default=0.02, ge=0, lt=1, description="Contract bounds around eval_fraction.")
     sampling_ratio: float = Field(default=1.0, gt=0, description="Sampling ratio of each expanded domain.")
+    total_sampling_ratio: float | None = Field(
+        default=None, gt=0,
+        description="When set, the pack's domains share this sampling ratio in total (split in proportion to "
+        "their own ratios), so the pack weighs the same in a mix however many tasks it expands to.")
     reward_weight: float = Field(default=1.0, ge=0)
     prompt_template: str = Field(description="str.format template over a row's columns (question, task, tier...).")
     description_template: str = Field(default="{source} task {task} at tier {tier}.")
@@ -238,6 +242,10 @@ def expand_pack(path: Path | str, raw: dict[str, Any], contracts_dir: Path | Non
             domain._pack_digest = digest
             domain._contract = contract
             domains.append(domain)
+    if pack.total_sampling_ratio is not None and domains:
+        scale = pack.total_sampling_ratio / sum(d.sampling_ratio for d in domains)
+        for domain in domains:
+            domain.sampling_ratio *= scale
     return domains
 
 

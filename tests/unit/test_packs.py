@@ -72,6 +72,16 @@ def test_overrides_and_tier_filtering(tmp_path):
     assert contract_for(cat["rg-leg_counting-easy"], {}).max_rows == 50
 
 
+def test_total_sampling_ratio_fixes_the_packs_weight_in_a_mix(tmp_path):
+    over = {"leg_counting": {"sampling_ratio": 3.0}}
+    write(tmp_path, "p", small(tiers=["easy", "hard"], overrides=over, total_sampling_ratio=2.0))
+    ratios = {n: d.sampling_ratio for n, d in load_catalog(tmp_path).items()}
+    assert sum(ratios.values()) == pytest.approx(2.0)
+    # shares inside the pack keep their proportions: leg_counting domains weigh 3x basic_arithmetic's
+    assert ratios["rg-leg_counting-easy"] == pytest.approx(3 * ratios["rg-basic_arithmetic-hard"])
+    assert ratios["rg-basic_arithmetic-easy"] == pytest.approx(2.0 / 8)
+
+
 def test_task_without_levels_gets_its_default_tier(tmp_path):
     write(tmp_path, "p", small(tasks=["acre"]))
     assert sorted(load_catalog(tmp_path)) == ["rg-acre-default"]
