@@ -12,7 +12,10 @@ and growth per domain is the platform's, not the data's. Stages:
 4. eval fan-out: the ``evaluate`` task's grouped eval jobs (the model loaded once per shard, 2 shards)
    vs one eval process per domain, the old layout (run at the smallest N only, and only up to 20
    domains: it is linear by construction, and at 300 it would take ~20 min);
-5. GRPO: median step time of a 2-rank ZeRO-3 GRPO run mixing N domains vs the 2-domain mix.
+5. GRPO: median step time of a 2-rank ZeRO-3 GRPO run mixing N domains vs the 2-domain mix;
+6. ``--pack-domains K``: the same GRPO step on the first K domains of the shipped reasoning-gym pack
+   (their real data, each completion scored by the task's own scorer in the sandbox's warm pool)
+   vs 2 of them, reported apart from the in-process rows (generation of K pack datasets comes first).
 
 Ratios are the result (the machine is noisy): growth = cost per domain at N / cost per domain at the
 first N; "vs baseline" = stage / its baseline at the same N.
@@ -193,7 +196,11 @@ def main() -> None:
     ap.add_argument("--rows", type=int, default=1000)
     ap.add_argument("--grpo-steps", type=int, default=12)
     ap.add_argument("--skip-grpo", action="store_true")
+    ap.add_argument("--pack-domains", type=int, default=0, help="also time GRPO on K sandboxed pack domains")
+    ap.add_argument("--only-pack", action="store_true", help="run only the --pack-domains rows")
     args = ap.parse_args()
+    if args.only_pack and not args.pack_domains:
+        ap.error("--only-pack needs --pack-domains K")
 
     root = embedded_workspace("temper-scale-")
     from prefect.testing.utilities import prefect_test_harness
@@ -205,6 +212,12 @@ def main() -> None:
     model = str(init_tiny(root / "tiny"))
     shipped_s = bench_catalog(REPO / "domains")
     rows = []
+    if args.pack_domains:
+        pack_rows = bench_pack_grpo(root, model, args.pack_domains, args.grpo_steps)
+        print(json.dumps(pack_rows), file=sys.stderr, flush=True)
+    if args.only_pack:
+        print_pack(pack_rows)
+        return
     with prefect_test_harness(server_startup_timeout=120):
         for i, n in enumerate(args.sizes):
             cat = make_catalog(root, n, args.rows)
@@ -248,6 +261,31 @@ def main() -> None:
         if r.get("grpo_step_s") is not None and base_grpo:
             print(f"| {n} | GRPO step (median) | {r['grpo_step_s']:.3f} | - | - | "
                   f"{r['grpo_step_s'] / base_grpo:.2f}x of the 2-domain mix ({base_grpo:.3f} s) |")
+    if args.pack_domains:
+        print_pack(pack_rows)
+
+
+def bench_pack_grpo(root: Path, model: str, k: int, steps: int) -> dict:
+    """GRPO step time on the first ``k`` shipped reasoning-gym pack domains vs 2 of them (sandboxed scoring)."""
+    from temper.data.catalog import load_catalog
+    from temper.data.generators import generate_datasets
+
+    pack = sorted(name for name, d in load_catalog(REPO / "domains").items() if d._pack == "rg")[:k]
+    catalog = load_catalog(REPO / "domains")
+    t = time.perf_counter()
+    generate_datasets([catalog[n] for n in pack], processes=2)
+    generate_s = time.perf_counter() - t
+    many = bench_grpo(root, REPO / "domains", pack, model, steps, f"pack-grpo-{k}")
+    two = bench_grpo(root, REPO / "domains", pack[:2], model, steps, "pack-grpo-2")
+    return {"k": k, "generate_s": generate_s, "step_k_s": many, "step_2_s": two}
+
+
+def print_pack(r: dict) -> None:
+    print(f"\nreasoning-gym pack, sandboxed scoring (generation of {r['k']} domains: {r['generate_s']:.0f} s)\n")
+    print("| domains | GRPO step (median) | vs 2 pack domains |")
+    print("|---:|---:|---|")
+    print(f"| 2 | {r['step_2_s']:.3f} | 1.00x |")
+    print(f"| {r['k']} | {r['step_k_s']:.3f} | {r['step_k_s'] / r['step_2_s']:.2f}x |")
 
 
 if __name__ == "__main__":

@@ -18,3 +18,30 @@ def test_init_tiny_refuses_shapes_that_cannot_build_a_model(tmp_path, capsys, ar
     assert main(["model", "init-tiny", "--out", str(out), *argv]) == 1
     err = capsys.readouterr().err.strip()
     assert message in err and len(err.splitlines()) == 1 and not out.exists()
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--verifier", "numeric", "--params", '{"tolerence": 0.1}'],
+     "--verifier numeric: numeric verifier: unknown param(s) 'tolerence' (did you mean 'tolerance'?)"),
+    (["--verifier", "numeric", "--concurrency", "0"], "--concurrency must be >= 1, got 0"),
+])
+def test_verify_refuses_a_mistyped_param_and_a_concurrency_that_would_hang(tmp_path, capsys, argv, message):
+    from temper.cli import main
+
+    records = tmp_path / "r.jsonl"
+    records.write_text('{"answer": "4", "completion": "4"}\n')
+    assert main(["verify", *argv, str(records)]) == 1
+    err = capsys.readouterr().err.strip()
+    assert message in err and len(err.splitlines()) == 1
+
+
+def test_every_family_refuses_unknown_params_and_every_shipped_domain_passes():
+    from temper.data.catalog import load_catalog
+    from temper.verifiers import get_verifier
+    from temper.verifiers.registry import known_families
+
+    for family in sorted(known_families() - {"judge"}):  # judge's params are a typed model (extra="forbid")
+        with pytest.raises(ValueError, match=f"{family} verifier: unknown param.s. 'no_such_param'"):
+            get_verifier(family, {"no_such_param": 1})
+    for domain in load_catalog("domains").values():
+        get_verifier(domain.verifier.family, domain.verifier.params)
