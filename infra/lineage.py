@@ -31,8 +31,11 @@ PARENT_TAG = "mlflow.parentRunId"
 MLFLOW_DIGEST_LEN = 32  # MLflow's dataset digest column is VARCHAR(36)
 
 
-def configure(settings: Settings | None = None) -> str:
-    """Point MLflow at the configured tracking URI; fail fast if a server is unreachable."""
+def configure(settings: Settings | None = None, *, existing: bool = False) -> str:
+    """Point MLflow at the configured tracking URI; fail fast if a server is unreachable.
+
+    ``existing``: the caller only reads (lineage, models): an embedded store that does not exist
+    yet is an error naming where it was looked for, not a new empty database in the current folder."""
     import os
 
     import mlflow
@@ -42,7 +45,11 @@ def configure(settings: Settings | None = None) -> str:
     settings = settings or get_settings()
     uri = settings.resolved_tracking_uri
     if uri.startswith("sqlite:///"):
-        Path(uri.removeprefix("sqlite:///")).parent.mkdir(parents=True, exist_ok=True)
+        db = Path(uri.removeprefix("sqlite:///"))
+        if existing and not db.is_file():
+            raise TrackingError(f"no temper registry at {db}: nothing was tracked here yet (run `make demo` in this "
+                                "checkout, or set TEMPER_HOME or TEMPER_TRACKING_URI)")
+        db.parent.mkdir(parents=True, exist_ok=True)
     mlflow.set_tracking_uri(uri)
     if uri.startswith(("http://", "https://")):
         import requests

@@ -18,7 +18,7 @@ def show(args) -> int:
 
     from infra import lineage
 
-    lineage.configure()
+    lineage.configure(existing=True)
     if args.format in GRAPH_FORMATS:
         return _graph(args)
     tree = lineage.lineage_tree(args.ref)

@@ -18,7 +18,7 @@ def _configure() -> None:
 
     # compare downloads per-sample rewards; MLflow's progress bars would bury the table
     os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
-    lineage.configure()
+    lineage.configure(existing=True)
 
 
 def _print_json(obj) -> None:

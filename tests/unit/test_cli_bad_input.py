@@ -45,3 +45,22 @@ def test_every_family_refuses_unknown_params_and_every_shipped_domain_passes():
             get_verifier(family, {"no_such_param": 1})
     for domain in load_catalog("domains").values():
         get_verifier(domain.verifier.family, domain.verifier.params)
+
+
+@pytest.mark.parametrize("argv", [["lineage", "temper-demo"], ["models", "list", "temper-demo"]])
+def test_read_commands_outside_a_checkout_name_the_missing_registry_and_create_nothing(tmp_path, monkeypatch,
+                                                                                        capsys, argv):
+    from temper.cli import main
+    from temper.core.settings import get_settings
+
+    monkeypatch.chdir(tmp_path)
+    for var in ("TEMPER_HOME", "TEMPER_TRACKING_URI", "MLFLOW_TRACKING_URI"):
+        monkeypatch.delenv(var, raising=False)
+    get_settings.cache_clear()
+    try:
+        assert main(argv) == 1
+    finally:
+        get_settings.cache_clear()
+    err = capsys.readouterr().err.strip()
+    assert f"no temper registry at {tmp_path}/.temper/mlflow.db" in err and len(err.splitlines()) == 1
+    assert list(tmp_path.iterdir()) == []
