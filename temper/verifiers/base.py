@@ -12,7 +12,11 @@ import asyncio
 import re
 from dataclasses import dataclass, field
 from difflib import get_close_matches
+from functools import lru_cache
 from typing import Any, ClassVar
+
+from pydantic import PositiveInt, TypeAdapter, ValidationError
+from typing_extensions import TypedDict
 
 
 @dataclass(frozen=True)
@@ -25,8 +29,31 @@ class Verdict:
             raise ValueError(f"reward must be in [0, 1], got {self.reward}")
 
 
-#: Params that ``screen`` and ``without_inputs`` read for every family.
-COMMON_PARAMS = frozenset({"max_completion_chars", "input_fields"})
+#: Params that ``screen`` and ``without_inputs`` read for every family, with their types.
+COMMON_PARAMS: dict[str, Any] = {"max_completion_chars": PositiveInt, "input_fields": list[str]}
+
+
+@lru_cache(maxsize=None)
+def _params_adapter(cls: type) -> TypeAdapter:
+    # a TypedDict, not a model: params keep their names (a model field "schema" would shadow BaseModel.schema)
+    return TypeAdapter(TypedDict(f"{cls.family}_params", {**COMMON_PARAMS, **cls.known_params}, total=False))
+
+
+def check_params(cls: type, params: dict[str, Any]) -> dict[str, Any]:
+    """``params`` typed against what ``cls`` reads: an unknown name (with its close match) or a value of
+    the wrong type raises ValueError naming the family and the param; values come back coerced."""
+    known = sorted({**COMMON_PARAMS, **cls.known_params})
+    unknown = sorted(set(params) - set(known))
+    if unknown:
+        hints = [f"{u!r}" + (f" (did you mean {close[0]!r}?)" if (close := get_close_matches(u, known, 1)) else "")
+                 for u in unknown]
+        raise ValueError(f"{cls.family} verifier: unknown param(s) {', '.join(hints)}; known: {', '.join(known)}")
+    try:
+        return _params_adapter(cls).validate_python(params)
+    except ValidationError as e:
+        first = e.errors()[0]
+        raise ValueError(f"{cls.family} verifier: param '{'.'.join(map(str, first['loc']))}': {first['msg']}, "
+                         f"got {first['input']!r}") from None
 
 
 class Verifier:
@@ -49,20 +76,15 @@ class Verifier:
     input_fields: ClassVar[tuple[str, ...]] = ()
     #: Completions longer than this score 0 (params.max_completion_chars overrides it).
     max_completion_chars: ClassVar[int] = 32_768
-    #: The params this family reads, besides the ones every family reads (``COMMON_PARAMS``). A param
-    #: outside both is refused: a typo such as ``tolerence`` would otherwise be ignored and the domain
-    #: would train with the default. None: the family validates its params itself (typed, like judge).
-    known_params: ClassVar[frozenset[str] | None] = frozenset()
+    #: The params this family reads and their types, besides the ones every family reads
+    #: (``COMMON_PARAMS``). Anything else is refused when the verifier is built: a typo such as
+    #: ``tolerence`` would otherwise be ignored and the domain would train with the default, and
+    #: ``tolerance: "abc"`` would only fail at the first completion. None: the family types its params
+    #: itself (judge's JudgeVerifierParams).
+    known_params: ClassVar[dict[str, Any] | None] = {}
 
     def __init__(self, **params: Any) -> None:
-        if self.known_params is not None:
-            unknown = sorted(set(params) - self.known_params - COMMON_PARAMS)
-            if unknown:
-                known = sorted(self.known_params | COMMON_PARAMS)
-                hints = [f"{u!r}" + (f" (did you mean {close[0]!r}?)" if (close := get_close_matches(u, known, 1)) else "")
-                         for u in unknown]
-                raise ValueError(f"{self.family} verifier: unknown param(s) {', '.join(hints)}; known: {', '.join(known)}")
-        self.params = params
+        self.params = check_params(type(self), params) if self.known_params is not None else params
 
     def score(self, record: dict[str, Any], completion: str) -> Verdict | None:
         raise NotImplementedError

@@ -23,6 +23,9 @@ def test_init_tiny_refuses_shapes_that_cannot_build_a_model(tmp_path, capsys, ar
 @pytest.mark.parametrize("argv, message", [
     (["--verifier", "numeric", "--params", '{"tolerence": 0.1}'],
      "--verifier numeric: numeric verifier: unknown param(s) 'tolerence' (did you mean 'tolerance'?)"),
+    (["--verifier", "numeric", "--params", '{"tolerance": "abc"}'],
+     "--verifier numeric: numeric verifier: param 'tolerance': Input should be a valid number, unable to parse "
+     "string as a number, got 'abc'"),
     (["--verifier", "numeric", "--concurrency", "0"], "--concurrency must be >= 1, got 0"),
 ])
 def test_verify_refuses_a_mistyped_param_and_a_concurrency_that_would_hang(tmp_path, capsys, argv, message):

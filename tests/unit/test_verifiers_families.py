@@ -50,7 +50,7 @@ def test_exact_modes():
     assert reward("exact", {"pattern": r"^\d{3}$"}, "123", mode="regex") == 1.0
     assert reward("exact", {}, "abc 123", mode="regex", pattern=r"\d+", full=True) == 0.0
     assert reward("exact", rec, "Paris\nbla", mode="exact", stop=["\n"]) == 1.0
-    with pytest.raises(ValueError, match="mode must be"):
+    with pytest.raises(ValueError, match="exact verifier: param 'mode': Input should be 'exact', 'normalized' or 'regex'"):
         get_verifier("exact", {"mode": "fuzzy"})
 
 

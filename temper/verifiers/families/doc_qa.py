@@ -12,8 +12,10 @@ from __future__ import annotations
 from collections import Counter
 from typing import Any
 
+from pydantic import NonNegativeFloat
+
 from temper.verifiers.base import Verdict, Verifier
-from temper.verifiers.families.matching import candidates, extract_final_number, normalize, numbers_match, parse_number
+from temper.verifiers.families.matching import PICK, candidates, extract_final_number, normalize, numbers_match, parse_number
 from temper.verifiers.registry import register
 
 
@@ -42,7 +44,8 @@ class DocQAVerifier(Verifier):
     tolerance (1e-6 relative), partial (false), grounded (false)."""
 
     family = "doc_qa"
-    known_params = frozenset({"answer_field", "document_field", "grounded", "pick", "tolerance", "partial"})
+    known_params = {"answer_field": str | list[str], "document_field": str, "grounded": bool, "pick": PICK,
+                    "tolerance": NonNegativeFloat, "partial": bool}
     input_fields = ("document", "question", "context")
 
     def score(self, record: dict[str, Any], completion: str) -> Verdict | None:

@@ -10,10 +10,15 @@ from __future__ import annotations
 
 import re
 from fractions import Fraction
-from typing import Any
+from typing import Any, Literal
+
+from pydantic import NonNegativeFloat
 
 from temper.verifiers.base import Verdict, Verifier
 from temper.verifiers.registry import register
+
+#: Which number of a completion is its answer when nothing marks one (a boxed or "answer:" number wins).
+PICK = Literal["first", "last"]
 
 _NUM = r"[-+]?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][-+]?\d+)?(?:\s*/\s*\d+)?%?"
 _NUMBER = re.compile(_NUM)
@@ -89,7 +94,7 @@ class NumericVerifier(Verifier):
     """
 
     family = "numeric"
-    known_params = frozenset({"answer_field", "pick", "tolerance", "relative"})
+    known_params = {"answer_field": str, "pick": PICK, "tolerance": NonNegativeFloat, "relative": bool}
     input_fields = ("question", "problem", "prompt")
 
     def score(self, record: dict[str, Any], completion: str) -> Verdict | None:
@@ -125,13 +130,9 @@ class ExactVerifier(Verifier):
     """
 
     family = "exact"
-    known_params = frozenset({"mode", "stop", "pattern", "pattern_field", "full", "answer_field"})
+    known_params = {"mode": Literal["exact", "normalized", "regex"], "stop": list[str], "pattern": str,
+                    "pattern_field": str, "full": bool, "answer_field": str}
     input_fields = ("question", "prompt", "problem")
-
-    def __init__(self, **params: Any) -> None:
-        super().__init__(**params)
-        if params.get("mode", "normalized") not in ("exact", "normalized", "regex"):
-            raise ValueError(f"exact verifier: mode must be exact, normalized or regex, got {params['mode']!r}")
 
     def score(self, record: dict[str, Any], completion: str) -> Verdict | None:
         mode = self.params.get("mode", "normalized")

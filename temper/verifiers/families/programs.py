@@ -23,7 +23,9 @@ from __future__ import annotations
 import logging
 import secrets
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
+
+from pydantic import PositiveFloat, PositiveInt
 
 from temper.verifiers.base import Verdict, Verifier
 from temper.verifiers.pooled import PooledVerifier
@@ -70,7 +72,7 @@ class CodeTestsVerifier(PooledVerifier):
     does not already pass)."""
 
     family = "code_tests"
-    known_params = frozenset({"timeout_s", "memory_mb", "partial"})
+    known_params = {"timeout_s": PositiveFloat, "memory_mb": PositiveInt, "partial": bool}
     sandbox_profile = "python"
     input_fields = ("prompt",)
 
@@ -127,7 +129,8 @@ class TerminalVerifier(Verifier):
     matters; default false), queue_timeout_s."""
 
     family = "terminal"
-    known_params = frozenset({"timeout_s", "memory_mb", "mode", "ordered", "queue_timeout_s"})
+    known_params = {"timeout_s": PositiveFloat, "memory_mb": PositiveInt, "mode": Literal["check", "output"],
+                    "ordered": bool, "queue_timeout_s": PositiveFloat}
     sandbox_profile = "shell"
     offload = True  # a session of several sandboxed commands, waited on in a worker thread
 

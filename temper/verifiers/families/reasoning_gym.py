@@ -29,6 +29,8 @@ import secrets
 import sysconfig
 from typing import Any
 
+from pydantic import PositiveInt
+
 from infra.sandbox.api import PROFILES, Limits, Profile, ro_mount
 from temper.verifiers.base import Verdict
 from temper.verifiers.pooled import PooledVerifier
@@ -110,7 +112,7 @@ def extract(completion: str) -> str | None:
 @register
 class ReasoningGymVerifier(PooledVerifier):
     family = "reasoning_gym"
-    known_params = frozenset({"max_answer_chars", "timeout_s", "memory_mb"})
+    known_params = {"max_answer_chars": PositiveInt, "timeout_s": PositiveInt, "memory_mb": PositiveInt}
     sandbox_profile = "reasoning_gym"
 
     def _job(self, record: dict[str, Any], completion: str):

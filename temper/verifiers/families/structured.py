@@ -5,7 +5,9 @@ from __future__ import annotations
 import json
 import re
 from datetime import date, datetime
-from typing import Any
+from typing import Any, Literal
+
+from pydantic import NonNegativeFloat
 
 from temper.verifiers.base import Verdict, Verifier
 from temper.verifiers.families.matching import normalize, parse_number
@@ -82,8 +84,8 @@ class JSONExtractionVerifier(Verifier):
     """
 
     family = "json_extraction"
-    known_params = frozenset({"expected_field", "fields", "numeric_fields", "date_fields", "schema",
-                              "require_schema", "tolerance"})
+    known_params = {"expected_field": str, "fields": list[str], "numeric_fields": list[str], "date_fields": list[str],
+                    "schema": dict[str, Any], "require_schema": bool, "tolerance": NonNegativeFloat}
     input_fields = ("document", "text")
 
     def score(self, record: dict[str, Any], completion: str) -> Verdict | None:
@@ -175,7 +177,7 @@ class ToolCallVerifier(Verifier):
     """
 
     family = "tool_call"
-    known_params = frozenset({"checker", "category"})
+    known_params = {"checker": Literal["temper", "bfcl"], "category": str}
     input_fields = ("query", "functions")
 
     def score(self, record: dict[str, Any], completion: str) -> Verdict | None:
