@@ -14,6 +14,11 @@ class JudgeError(TemperError):
     """A judge could not score one item (bad output, unreachable endpoint): the item is skipped, not zeroed."""
 
 
+class JudgeUnavailable(TemperError):
+    """The judge cannot score anything (its model folder cannot be loaded): the run stops with this one
+    line, instead of skipping every item and reporting a run that judged nothing as a success."""
+
+
 class UnparseableOutput(JudgeError):
     """The judge answered, but with no score on the rubric's scale."""
 

@@ -12,7 +12,7 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from temper.judges import JudgeError
+from temper.judges import JudgeError, JudgeUnavailable
 
 _FULL_HASH_LIMIT = 64 << 20  # bigger weight files are fingerprinted by size + head + tail
 _EDGE = 8 << 20
@@ -30,7 +30,7 @@ def folder_fingerprint(path: str | Path) -> str:
     """
     root = Path(path)
     if not (root / "config.json").is_file():
-        raise JudgeError(f"judge model {root} is not a Hugging Face model folder (no config.json)")
+        raise JudgeUnavailable(f"judge model {root} is not a Hugging Face model folder (no config.json)")
     files = sorted(p for p in root.rglob("*")
                    if p.is_file() and not any(s.startswith(".") for s in p.relative_to(root).parts))
     key = (str(root.resolve()), tuple((str(p), p.stat().st_size, p.stat().st_mtime_ns) for p in files))
@@ -60,7 +60,7 @@ def _load(path: str) -> tuple[Any, Any, threading.Lock]:
                 tok = AutoTokenizer.from_pretrained(path)
                 model = AutoModelForCausalLM.from_pretrained(path).eval()
             except (OSError, ValueError) as e:
-                raise JudgeError(f"cannot load judge model {path}: {e}") from None
+                raise JudgeUnavailable(f"cannot load judge model {path}: {e}") from None
             _models[path] = (tok, model, threading.Lock())
         return _models[path]
 

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from temper.judges import JudgeError, RubricError, UnparseableOutput
+from temper.judges import JudgeError, JudgeUnavailable, RubricError, UnparseableOutput
 from temper.judges.judge import Judge, JudgeSpec
 from temper.judges.parse import ScoreParseError, parse_score
 from temper.judges.rubric import Rubric, Scale, load_rubric, resolve_rubric
@@ -155,7 +155,7 @@ def test_judge_fingerprint_changes_with_weights(tiny, tmp_path):
     assert folder_fingerprint(copy) == folder_fingerprint(tiny)
     (copy / "config.json").write_text((copy / "config.json").read_text() + " ")
     assert folder_fingerprint(copy) != folder_fingerprint(tiny)
-    with pytest.raises(JudgeError, match="not a Hugging Face model folder"):
+    with pytest.raises(JudgeUnavailable, match="not a Hugging Face model folder"):
         folder_fingerprint(tmp_path)
 
 

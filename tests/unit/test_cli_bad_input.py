@@ -67,3 +67,14 @@ def test_read_commands_outside_a_checkout_name_the_missing_registry_and_create_n
     err = capsys.readouterr().err.strip()
     assert f"no temper registry at {tmp_path}/.temper/mlflow.db" in err and len(err.splitlines()) == 1
     assert list(tmp_path.iterdir()) == []
+
+
+def test_verify_with_a_judge_whose_model_folder_is_missing_stops_instead_of_skipping_every_record(tmp_path, capsys):
+    from temper.cli import main
+
+    records = tmp_path / "r.jsonl"
+    records.write_text('{"prompt": "p", "completion": "an answer"}\n' * 3)
+    params = '{"rubric": "summaries", "judge": {"model": "%s", "judge_id": "j"}}' % (tmp_path / "no-such-judge")
+    assert main(["verify", "--verifier", "judge", "--params", params, str(records)]) == 1
+    captured = capsys.readouterr()
+    assert f"cannot load judge model {tmp_path / 'no-such-judge'}" in captured.err and captured.out == ""
