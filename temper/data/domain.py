@@ -12,6 +12,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator, model_validator
 
 from temper.core.errors import CatalogError
+from temper.core.templates import template_columns
 
 
 class DatasetSpec(BaseModel):
@@ -98,11 +99,10 @@ class Domain(BaseModel):
 
     @model_validator(mode="after")
     def _template_fields(self) -> "Domain":
-        import string
-
-        for _, field_name, _, _ in string.Formatter().parse(self.prompt_template):
-            if field_name is not None and not field_name.isidentifier():
-                raise ValueError(f"prompt_template field {{{field_name}}} is not a column name")
+        try:
+            template_columns(self.prompt_template)
+        except ValueError as e:
+            raise ValueError(f"prompt_template: {e}") from None
         return self
 
     @property

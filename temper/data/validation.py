@@ -25,6 +25,7 @@ from temper.data.datasets import load_dataset
 from temper.core.errors import DatasetError
 from temper.data.packs import contract_for
 from temper.core.settings import Settings, get_settings
+from temper.core.templates import template_columns
 
 
 @dataclass
@@ -62,12 +63,10 @@ def validate_domain(domain: Domain, contract: Contract | None, runner: GXRunner,
 def domain_problems(domain: Domain, contract: Contract) -> list[str]:
     """What the data alone cannot show: a prompt that reads columns the contract does not guarantee,
     and verifier params the verifier refuses. Either would only fail at training time otherwise."""
-    import string
-
     from temper.verifiers import get_verifier
 
     problems = []
-    fields = {f.split(".")[0].split("[")[0] for _, f, _, _ in string.Formatter().parse(domain.prompt_template) if f}
+    fields = set(template_columns(domain.prompt_template))  # plain names only: Domain checked that on load
     missing = sorted(fields - set(contract.columns))
     if missing:
         problems.append(f"prompt_template uses column(s) {', '.join(missing)} that contract {contract.name} "

@@ -78,3 +78,23 @@ def test_verify_with_a_judge_whose_model_folder_is_missing_stops_instead_of_skip
     assert main(["verify", "--verifier", "judge", "--params", params, str(records)]) == 1
     captured = capsys.readouterr()
     assert f"cannot load judge model {tmp_path / 'no-such-judge'}" in captured.err and captured.out == ""
+
+
+@pytest.mark.parametrize("template", ["{question.__class__}", "{question[0]}", "{0}", "{}",
+                                      "{question:{question.__class__.__init__.__globals__}}"])
+def test_prompt_templates_read_plain_columns_only(tmp_path, template):
+    import yaml
+
+    from temper.core.errors import CatalogError
+    from temper.data.catalog import load_domain
+    from temper.verifiers.families.judge import parse_params
+    from temper.judges import RubricError
+
+    spec = {"name": "t", "description": "d", "dataset": {"uri": "{store}/t.jsonl", "format": "jsonl"},
+            "prompt_template": template,
+            "verifier": {"family": "exact"}, "contract": "t"}
+    (tmp_path / "t.yaml").write_text(yaml.safe_dump(spec))
+    with pytest.raises(CatalogError, match=r"t\.yaml: .*is not a column name"):
+        load_domain(tmp_path / "t.yaml")
+    with pytest.raises(RubricError, match="is not a column name"):
+        parse_params({"rubric": "summaries", "judge": {"model": "/m", "judge_id": "j"}, "prompt_template": template})

@@ -18,12 +18,13 @@ import threading
 from collections import Counter
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 # Registers the open-ended example generators (temper/data/generators.py has no plugin import yet):
 # loading any catalog imports the verifier families, so `temper data generate` finds them.
 import temper.data.generators_open_ended  # noqa: F401
 from temper.core.errors import describe_validation_error
+from temper.core.templates import template_columns
 from temper.judges import JudgeError, RubricError, UnparseableOutput
 from temper.judges.judge import Judge, JudgeResult, JudgeSpec
 from temper.judges.rubric import CalibrationOverrides, Rubric, resolve_rubric
@@ -43,6 +44,12 @@ class JudgeVerifierParams(BaseModel):
                                  description="The task as the judge sees it (str.format over the record).")
     reference_field: str | None = Field(default=None, description="Record column shown to the judge as a reference.")
     calibration: CalibrationOverrides = Field(default_factory=CalibrationOverrides)
+
+    @field_validator("prompt_template")
+    @classmethod
+    def _plain_columns(cls, v: str) -> str:
+        template_columns(v)  # no attribute or index lookups: a judge prompt must not reach interpreter internals
+        return v
 
 
 def parse_params(params: dict[str, Any]) -> tuple[JudgeVerifierParams, Rubric]:
