@@ -57,6 +57,15 @@ def _read_bytes(uri: str, settings: Settings) -> bytes:
         raise StorageError(f"cannot read dataset {uri}: {type(e).__name__}: {e}") from None
 
 
+#: No post-training row needs more: a bigger one is a broken export or an attack, and would stall
+#: tokenization and every verifier that reads it. (Characters; a row is a JSONL line or a parquet cell.)
+MAX_ROW_CHARS = 8 * 1024 * 1024
+
+
+def _too_big(uri: str, where: str, size: int) -> DatasetError:
+    return DatasetError(f"dataset {uri}: {where} is {size:,} characters, over the {MAX_ROW_CHARS:,} a row may hold")
+
+
 def _jsonl_rows(text: str, uri: str) -> list:
     """Each line parsed on its own, so an error names the file's own line (json.loads of one line
     would say "line 1" whatever the line)."""
@@ -64,6 +73,8 @@ def _jsonl_rows(text: str, uri: str) -> list:
     for number, line in enumerate(text.splitlines(), start=1):
         if not line.strip():
             continue
+        if len(line) > MAX_ROW_CHARS:
+            raise _too_big(uri, f"line {number}", len(line))
         try:
             rows.append(json.loads(line))
         except json.JSONDecodeError as e:
@@ -76,7 +87,13 @@ def parse_dataset(data: bytes, fmt: str, uri: str) -> pd.DataFrame:
         if fmt == "jsonl":
             return pd.DataFrame.from_records(_jsonl_rows(data.decode("utf-8"), uri))
         if fmt == "parquet":
-            return pd.read_parquet(io.BytesIO(data))
+            frame = pd.read_parquet(io.BytesIO(data))
+            for column in frame.columns:
+                if frame[column].dtype == object or pd.api.types.is_string_dtype(frame[column]):
+                    lengths = frame[column].map(lambda v: len(v) if isinstance(v, (str, bytes)) else 0)
+                    if len(lengths) and lengths.max() > MAX_ROW_CHARS:
+                        raise _too_big(uri, f"column {column!r} row {int(lengths.idxmax())}", int(lengths.max()))
+            return frame
     except (ValueError, UnicodeDecodeError, OSError) as e:
         raise DatasetError(f"dataset {uri} is not valid {fmt}: {e}") from None
     raise DatasetError(f"dataset {uri}: unknown format {fmt!r}")

@@ -98,3 +98,20 @@ def test_prompt_templates_read_plain_columns_only(tmp_path, template):
         load_domain(tmp_path / "t.yaml")
     with pytest.raises(RubricError, match="is not a column name"):
         parse_params({"rubric": "summaries", "judge": {"model": "/m", "judge_id": "j"}, "prompt_template": template})
+
+
+@pytest.mark.parametrize("fmt", ["jsonl", "parquet"])
+def test_a_100_mb_row_is_refused_naming_where_it_is(fmt):
+    import json
+
+    import pandas as pd
+
+    from temper.core.errors import DatasetError
+    from temper.data.datasets import parse_dataset, serialize_dataset
+
+    rows = [{"question": "q", "answer": "a"}] * 3 + [{"question": "x" * 100_000_000, "answer": "a"}]
+    data = ("\n".join(json.dumps(r) for r in rows).encode() if fmt == "jsonl"
+            else serialize_dataset(pd.DataFrame(rows), "parquet"))
+    where = "line 4" if fmt == "jsonl" else "column 'question' row 3"
+    with pytest.raises(DatasetError, match=f"dataset d.{fmt}: {where} is 100,0[0-9,]+ characters, over the 8,388,608"):
+        parse_dataset(data, fmt, f"d.{fmt}")
