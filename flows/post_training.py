@@ -79,10 +79,13 @@ def post_training(params: PostTrainingParams = PostTrainingParams()) -> dict:
             n: w for n, w in params.mixing_weights.items() if n in trainable}})
     base = prepare_base_model(params.base_model)
     model = base
+    # training refuses a dataset whose bytes are not the ones its contract passed (changed since validation)
+    validated = {r.domain: r.digest for r in reports if r.domain in trainable and r.digest}
     if params.sft.enabled:
-        model = train_stage("sft", params, model, run_key, lifecycle_run_id)
+        model = train_stage("sft", params, model, run_key, lifecycle_run_id, validated_digests=validated)
     # GRPO samples each domain at the weight the calibration gate left it (a down-weighted judge domain: x factor)
-    model = train_stage("grpo", params, model, run_key, lifecycle_run_id, mixing_weights=gated_weights)
+    model = train_stage("grpo", params, model, run_key, lifecycle_run_id, mixing_weights=gated_weights,
+                        validated_digests=validated)
 
     # default suite: every validated domain that has held-out data (eval-only ones included)
     suite = [r.name for r in resolve_domains(params.eval.domains)] if params.eval.domains else default_suite

@@ -33,15 +33,18 @@ def prepare_base_model(base_model: str) -> str:
 
 
 def stage_config(stage: str, params: PostTrainingParams, base_model: str, run_key: str, workdir: Path,
-                 mixing_weights: dict[str, float] | None = None) -> TrainConfig:
+                 mixing_weights: dict[str, float] | None = None,
+                 validated_digests: dict[str, str] | None = None) -> TrainConfig:
     """The TrainConfig of one stage of a post-training run: the flow's own stage settings, unchanged.
 
     ``mixing_weights`` replaces the run's (the calibration gate's weights for GRPO).
+    ``validated_digests`` (domain -> digest its contract passed) makes the job refuse data that changed since.
     """
     settings = SFTSettings(**params.sft.model_dump(exclude={"enabled"})) if stage == "sft" else params.grpo
     weights = params.mixing_weights if mixing_weights is None else mixing_weights
     return TrainConfig(mode=stage, run_name=f"{run_key}-{stage}", base_model=base_model, domains=params.domains,
                        mixing_weights=weights, output_dir=str(workdir / stage), seed=params.seed,
+                       expected_digests=validated_digests or {},
                        world_size=params.world_size, deepspeed=params.world_size > 1, tracking=True,
                        mlflow_experiment="post_training", **{stage: settings})
 
@@ -58,7 +61,7 @@ def refuse_eval_only_domains(patterns: list[str]) -> None:
 # kills every rank (a Prefect timeout would only stop waiting for them).
 @task(retries=1, retry_delay_seconds=5, task_run_name="train-{stage}")
 def train_stage(stage: str, params: PostTrainingParams, base_model: str, run_key: str, parent_run_id: str,
-                mixing_weights: dict[str, float] | None = None) -> str:
+                mixing_weights: dict[str, float] | None = None, validated_digests: dict[str, str] | None = None) -> str:
     """Run one training job to completion; returns the exported HF model folder."""
     from infra.launcher_local import run_job
     from temper.core.errors import TemperError
@@ -72,7 +75,7 @@ def train_stage(stage: str, params: PostTrainingParams, base_model: str, run_key
     workdir = (get_settings().home / "runs" / run_key).resolve()
     workdir.mkdir(parents=True, exist_ok=True)
     config_path = workdir / f"{stage}.yaml"
-    cfg = stage_config(stage, params, base_model, run_key, workdir, mixing_weights)
+    cfg = stage_config(stage, params, base_model, run_key, workdir, mixing_weights, validated_digests)
     config_path.write_text(yaml.safe_dump(cfg.to_yaml_dict(), sort_keys=False))
     spec = training_job(str(config_path), stage)
     spec.env["TEMPER_PARENT_RUN_ID"] = parent_run_id

@@ -85,7 +85,7 @@ def sync_to_store(cfg: TrainConfig, checkpoint_dir: Path, settings: Settings | N
 
 # Fields that may change between a run and its resume: they do not change what is trained.
 RESUMABLE_CHANGES = {"max_steps", "save_steps", "save_total_limit", "timeout_s", "resume", "allow_dataset_change",
-                     "export", "register_as", "tracking", "log_shards", "mlflow_experiment", "output_dir", "store_uri"}
+                     "expected_digests", "export", "register_as", "tracking", "log_shards", "mlflow_experiment", "output_dir", "store_uri"}
 
 
 def training_fingerprint(cfg: TrainConfig) -> str:

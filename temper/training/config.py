@@ -122,6 +122,10 @@ class TrainConfig(BaseModel):
                                           description="Per-domain sampling weight overriding the catalog's "
                                           "sampling_ratio (domain -> weight > 0).")
     catalog_dir: str | None = Field(default=None, description="Domain catalog directory; None means settings.catalog_dir.")
+    expected_digests: dict[str, str] = Field(
+        default_factory=dict,
+        description="Domain -> sha256 of the dataset its contract passed (the flow fills it in). A dataset whose "
+        "bytes differ when training reads it is refused before the first step: it changed after validation.")
     output_dir: str = Field(description="Local working directory: checkpoints, metrics.jsonl, the exported model.")
     store_uri: str | None = Field(default=None,
                                   description="Where checkpoints are synced (local path or s3://). "

@@ -67,7 +67,21 @@ def load_domains(cfg: TrainConfig, settings: Settings) -> tuple[list[Domain], di
             raise TrainingError(f"dataset {loaded.uri}: no split column {d.split.column!r}")
         frames[d.name] = frame[frame[d.split.column] == d.split.train].reset_index(drop=True)
         digests[d.name], uris[d.name] = loaded.digest, loaded.uri
+    refuse_unvalidated(cfg, digests, uris)
     return domains, frames, digests, uris
+
+
+def refuse_unvalidated(cfg: TrainConfig, digests: dict[str, str], uris: dict[str, str]) -> None:
+    """Train only on the bytes the contracts passed: a dataset rewritten between the flow's validation
+    and this job (a poisoned or half-written file) would otherwise be trained on unchecked."""
+    for name, expected in sorted(cfg.expected_digests.items()):
+        if name not in digests:
+            raise TrainingError(f"run {cfg.run_name}: domain {name} was validated but is not among the domains "
+                                f"this run trains on ({', '.join(sorted(digests))})")
+        if digests[name] != expected:
+            raise TrainingError(f"run {cfg.run_name}: dataset {uris[name]} of domain {name} changed after it was "
+                                f"validated (validated sha256 {expected[:16]}..., now {digests[name][:16]}...): "
+                                "refusing to train on unchecked data; validate it again")
 
 
 def new_sampler(cfg: TrainConfig, domains: list[Domain], frames: dict[str, Any]) -> DomainMixSampler:

@@ -11,6 +11,11 @@ import json
 import time
 
 import pytest
+import yaml
+
+from temper.core.settings import get_settings
+from temper.data.catalog import load_catalog
+from temper.data.datasets import load_dataset
 
 
 pytestmark = pytest.mark.slow  # trains or runs whole benchmarks: `make test-fast` skips it
@@ -90,6 +95,12 @@ def test_post_training_end_to_end_then_evaluate_and_retrain(flow_env, mlflow_ser
     assert stages.count("eval") == 4 and {"sft", "grpo", "register"} <= set(stages), stages
     sft_run = next(r for r in children if r.data.tags.get("temper.stage") == "sft")
     assert "loss" in sft_run.data.metrics
+    # each training job got the digests its contracts passed, and would refuse any other bytes
+    catalog = load_catalog(get_settings().catalog_dir)
+    validated = {n: load_dataset(catalog[n]).digest for n in ("arithmetic", "multiplication")}
+    for stage in ("sft", "grpo"):
+        written = get_settings().home / "runs" / f"pt-{str(flow_run_id)[:8]}" / f"{stage}.yaml"
+        assert yaml.safe_load(written.read_text())["expected_digests"] == validated
 
     report = _report_artifact(flow_run_id)
     assert "| multiplication |" in report and f"version **{reg['version']}**" in report

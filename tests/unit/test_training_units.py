@@ -111,3 +111,28 @@ def test_resume_refuses_a_changed_training_config_but_allows_more_steps(tmp_path
         ckpt.check_resume(_cfg(mode="sft", learning_rate=1e-3, warmup_steps=2), tmp_path, {"a": "d1"})
     with pytest.raises(TrainingError, match=r"dataset changed .*a: d1 -> d2"):
         ckpt.check_resume(cfg, tmp_path, {"a": "d2"})
+
+
+def test_training_refuses_a_dataset_that_changed_after_validation(temper_home, tmp_path):
+    from temper.core.settings import get_settings
+    from temper.data.catalog import load_catalog
+    from temper.data.datasets import load_dataset, write_dataset_bytes
+    from temper.data.generators import generate_domain_dataset
+    from temper.training.config import TrainConfig, TrainingError
+    from temper.training.run import load_domains
+
+    domain = load_catalog(get_settings().catalog_dir)["arithmetic"]
+    generate_domain_dataset(domain)
+    validated = load_dataset(domain).digest
+    cfg = dict(mode="sft", run_name="r", base_model="m", domains=["arithmetic"], output_dir=str(tmp_path))
+    assert load_domains(TrainConfig(**cfg, expected_digests={"arithmetic": validated}), get_settings())[2] == {
+        "arithmetic": validated}
+    # the file is rewritten between the contract check and the training job: one more (poisoned) row
+    poisoned = load_dataset(domain).frame.iloc[:1].assign(answer="rm -rf /")
+    write_dataset_bytes(domain, open(load_dataset(domain).uri, "rb").read()
+                        + poisoned.to_json(orient="records", lines=True).encode())
+    with pytest.raises(TrainingError, match=rf"dataset .*arithmetic.jsonl of domain arithmetic changed after it was "
+                                            rf"validated \(validated sha256 {validated[:16]}\.\.\., now [0-9a-f]{{16}}"):
+        load_domains(TrainConfig(**cfg, expected_digests={"arithmetic": validated}), get_settings())
+    with pytest.raises(TrainingError, match="domain multiplication was validated but is not among the domains"):
+        load_domains(TrainConfig(**cfg, expected_digests={"multiplication": validated}), get_settings())
