@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
+import os
 import subprocess
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -33,8 +34,7 @@ MLFLOW_DIGEST_LEN = 32  # MLflow's dataset digest column is VARCHAR(36)
 
 def configure(settings: Settings | None = None) -> str:
     """Point MLflow at the configured tracking URI; fail fast if a server is unreachable."""
-    import os
-
+    # lazy: mlflow (1.6 s) would load in fast unit tests (test_domain_roles.py)
     import mlflow
 
     # MLflow writes "View run ... at URL" to stdout; it would corrupt `--json` output.
@@ -45,6 +45,7 @@ def configure(settings: Settings | None = None) -> str:
         Path(uri.removeprefix("sqlite:///")).parent.mkdir(parents=True, exist_ok=True)
     mlflow.set_tracking_uri(uri)
     if uri.startswith(("http://", "https://")):
+        # lazy: requests (70 ms) would load in fast unit tests (test_domain_roles.py)
         import requests
 
         try:
@@ -79,6 +80,7 @@ def config_hash(config: Any) -> str:
 def lifecycle_run(experiment: str, run_name: str, *, config: Any = None, base_model: str | None = None,
                   tags: dict[str, str] | None = None) -> Iterator[Any]:
     """The parent run of one lifecycle (flow) run. Ends FAILED if the body raises."""
+    # lazy: mlflow (1.6 s) would load in fast unit tests (test_domain_roles.py)
     import mlflow
 
     try:
@@ -100,6 +102,7 @@ def lifecycle_run(experiment: str, run_name: str, *, config: Any = None, base_mo
 @contextlib.contextmanager
 def stage_run(stage: str, *, parent_run_id: str | None = None, tags: dict[str, str] | None = None) -> Iterator[Any]:
     """A child run for one stage, nested under the active (or given) lifecycle run."""
+    # lazy: mlflow (1.6 s) would load in fast unit tests (test_domain_roles.py)
     import mlflow
 
     active = mlflow.active_run()
@@ -113,6 +116,7 @@ def stage_run(stage: str, *, parent_run_id: str | None = None, tags: dict[str, s
 
 def log_dataset(name: str, frame: Any, source_uri: str, sha256: str, context: str = "training") -> None:
     """Record a consumed dataset on the active run: name, digest, source."""
+    # lazy: mlflow (1.6 s) would load in fast unit tests (test_domain_roles.py)
     import mlflow
 
     ds = mlflow.data.from_pandas(frame, source=source_uri, name=name, digest=sha256[:MLFLOW_DIGEST_LEN])
@@ -177,6 +181,7 @@ def _run_node(client: Any, run_id: str, depth: int = 0) -> RunNode:
 
 def lineage_tree(ref: str) -> LineageTree:
     """Resolve ``MODEL@ALIAS``, ``MODEL/VERSION`` or a run id to its lineage tree."""
+    # lazy: mlflow (1.6 s) would load in fast unit tests (test_domain_roles.py)
     from mlflow.exceptions import MlflowException
     from mlflow.tracking import MlflowClient
 
@@ -228,6 +233,7 @@ def use_experiment(experiment: str, settings: Settings | None = None) -> Any:
     With a sqlite tracking URI MLflow would put artifacts relative to the current directory;
     a tracking server decides artifact locations itself.
     """
+    # lazy: mlflow (1.6 s) would load in fast unit tests (test_domain_roles.py)
     import mlflow
 
     settings = settings or get_settings()
@@ -246,6 +252,7 @@ def use_experiment(experiment: str, settings: Settings | None = None) -> Any:
 
 def open_run(experiment: str, run_name: str, *, tags: dict[str, str] | None = None,
              parent_run_id: str | None = None) -> str:
+    # lazy: mlflow (1.6 s) would load in fast unit tests (test_domain_roles.py)
     from mlflow.tracking import MlflowClient
 
     exp = use_experiment(experiment)
@@ -256,6 +263,7 @@ def open_run(experiment: str, run_name: str, *, tags: dict[str, str] | None = No
 
 
 def close_run(run_id: str, status: str = "FINISHED") -> None:
+    # lazy: mlflow (1.6 s) would load in fast unit tests (test_domain_roles.py)
     from mlflow.tracking import MlflowClient
 
     MlflowClient().set_terminated(run_id, status=status)
@@ -264,6 +272,7 @@ def close_run(run_id: str, status: str = "FINISHED") -> None:
 @contextlib.contextmanager
 def resume_run(run_id: str) -> Iterator[Any]:
     """Re-enter a run by id to log to it with the fluent API, leaving its status RUNNING."""
+    # lazy: mlflow (1.6 s) would load in fast unit tests (test_domain_roles.py)
     import mlflow
     from mlflow.tracking import MlflowClient
 

@@ -16,12 +16,15 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from temper.data.catalog import load_catalog, select_domains
 from temper.lifecycle.params import EvalSettings
+from temper.verifiers import get_verifier
 
 
 @dataclass
@@ -48,6 +51,7 @@ class LocalGenerator:
     """Greedy decoding with transformers in this process; the model is loaded once."""
 
     def __init__(self, model_dir: str, batch_size: int = 16) -> None:
+        # lazy: torch+transformers (2.3 s) only for the runs of `-m workloads.evaluate` that need it
         import torch
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -81,6 +85,7 @@ def generate_completions(model_dir: str, prompts: list[str], max_new_tokens: int
 
 
 def _greedy(model, tok, prompts: list[str], max_new_tokens: int, batch_size: int) -> list[str]:
+    # lazy: torch (1.5 s) only for the runs of `-m workloads.evaluate` that need it
     import torch
 
     out: list[str] = []
@@ -101,8 +106,7 @@ class RolloutGenerator:
     """
 
     def __init__(self, model_dir: str) -> None:
-        import os
-
+        # lazy: torch+openai+fastapi+... (2.7 s), via client, only for the runs of `-m workloads.evaluate` that need it
         from temper.rollout.client import RolloutClient
         from temper.rollout.config import RolloutSettings
 
@@ -111,6 +115,7 @@ class RolloutGenerator:
         self.client = RolloutClient(RolloutSettings(**overrides))
 
     def __call__(self, prompts: list[str], max_new_tokens: int) -> list[str]:
+        # lazy: torch+openai+fastapi+... (2.7 s), via client, only for the runs of `-m workloads.evaluate` that need it
         from temper.rollout.client import generate
 
         return [group[0].text for group in generate(prompts, max_tokens=max_new_tokens, temperature=0.0,
@@ -151,7 +156,7 @@ def evaluate_domains(model_dir: str, domain_names: list[str], catalog_dir: str |
                      limit: int = DEFAULTS.limit, max_new_tokens: int = DEFAULTS.max_new_tokens, keep_samples: int = 5,
                      generator: str = "local"):
     """Yield one EvalResult per domain, in order, loading the catalog and the model once."""
-    from temper.data.catalog import load_catalog, select_domains
+    # lazy: pydantic_settings (130 ms), via settings, only for the runs of `-m workloads.evaluate` that need it
     from temper.core.settings import get_settings
 
     domains = select_domains(load_catalog(catalog_dir or get_settings().catalog_dir), domain_names)
@@ -165,9 +170,9 @@ def evaluate_domains(model_dir: str, domain_names: list[str], catalog_dir: str |
 
 
 def _evaluate(produce, model_dir: str, domain, limit: int, max_new_tokens: int, keep_samples: int) -> EvalResult:
-    from temper.data.datasets import load_dataset
+    # lazy: pandas+pydantic_settings+fsspec (510 ms), via settings, only for the runs of `-m workloads.evaluate` that need it
     from temper.core.settings import get_settings
-    from temper.verifiers import get_verifier
+    from temper.data.datasets import load_dataset
 
     ds = load_dataset(domain, get_settings())
     frame = ds.frame[ds.frame[domain.split.column] == domain.split.eval].head(limit)
@@ -192,8 +197,6 @@ def _evaluate(produce, model_dir: str, domain, limit: int, max_new_tokens: int, 
 
 
 def main(argv: list[str] | None = None) -> int:
-    import os
-
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", required=True, help="HF model folder")
     ap.add_argument("--domain", action="append", required=True, help="a domain to evaluate (repeatable)")
@@ -204,6 +207,7 @@ def main(argv: list[str] | None = None) -> int:
                     help="local: transformers generate here; rollout: the rollout backend (TEMPER_ROLLOUT_*)")
     ap.add_argument("--out", required=True, help="directory (local path or fsspec URI) for <domain>.json results")
     args = ap.parse_args(argv)
+    # lazy: pydantic_settings+fsspec (190 ms), via storage, only for the runs of `-m workloads.evaluate` that need it
     from infra.storage import join, write_bytes_atomic
 
     index, count = int(os.environ.get("TEMPER_SHARD_INDEX", "0")), int(os.environ.get("TEMPER_NUM_SHARDS", "1"))

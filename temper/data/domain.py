@@ -7,11 +7,13 @@ which build Domains, and the catalog, which loads packs, do not import each othe
 
 from __future__ import annotations
 
+import string
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator, model_validator
 
 from temper.core.errors import CatalogError
+from temper.verifiers.registry import known_families
 
 
 class DatasetSpec(BaseModel):
@@ -89,8 +91,6 @@ class Domain(BaseModel):
     @field_validator("verifier")
     @classmethod
     def _known_family(cls, v: VerifierSpec) -> VerifierSpec:
-        from temper.verifiers.registry import known_families
-
         families = known_families()
         if v.family not in families:
             raise ValueError(f"unknown verifier family {v.family!r}; known: {', '.join(sorted(families))}")
@@ -98,8 +98,6 @@ class Domain(BaseModel):
 
     @model_validator(mode="after")
     def _template_fields(self) -> "Domain":
-        import string
-
         for _, field_name, _, _ in string.Formatter().parse(self.prompt_template):
             if field_name is not None and not field_name.isidentifier():
                 raise ValueError(f"prompt_template field {{{field_name}}} is not a column name")

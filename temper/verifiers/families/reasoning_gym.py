@@ -29,6 +29,7 @@ import secrets
 import sysconfig
 from typing import Any
 
+from infra.sandbox import shared_pool
 from infra.sandbox.api import PROFILES, Limits, Profile, ro_mount
 from temper.verifiers.base import Verdict
 from temper.verifiers.pooled import PooledVerifier
@@ -127,7 +128,6 @@ class ReasoningGymVerifier(PooledVerifier):
         if answer is None or answer == "" or len(answer) > limit:
             why = "no <answer> tag" if answer is None else ("empty answer" if answer == "" else f"answer over {limit} chars")
             return Verdict(0.0, {"task": task, "reason": why}), None
-        from infra.sandbox import shared_pool
 
         pool = shared_pool(profile().name)
         token = secrets.token_hex(16)
