@@ -22,7 +22,10 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from infra.storage import join, write_bytes_atomic
+from temper.core.settings import get_settings
 from temper.data.catalog import load_catalog, select_domains
+from temper.data.datasets import load_dataset
 from temper.lifecycle.params import EvalSettings
 from temper.verifiers import get_verifier
 
@@ -156,9 +159,6 @@ def evaluate_domains(model_dir: str, domain_names: list[str], catalog_dir: str |
                      limit: int = DEFAULTS.limit, max_new_tokens: int = DEFAULTS.max_new_tokens, keep_samples: int = 5,
                      generator: str = "local"):
     """Yield one EvalResult per domain, in order, loading the catalog and the model once."""
-    # lazy: pydantic_settings (130 ms), via settings, only for the runs of `-m workloads.evaluate` that need it
-    from temper.core.settings import get_settings
-
     domains = select_domains(load_catalog(catalog_dir or get_settings().catalog_dir), domain_names)
     produce = make_generator(model_dir, generator) if domains else None
     try:
@@ -170,10 +170,6 @@ def evaluate_domains(model_dir: str, domain_names: list[str], catalog_dir: str |
 
 
 def _evaluate(produce, model_dir: str, domain, limit: int, max_new_tokens: int, keep_samples: int) -> EvalResult:
-    # lazy: pandas+pydantic_settings+fsspec (510 ms), via settings, only for the runs of `-m workloads.evaluate` that need it
-    from temper.core.settings import get_settings
-    from temper.data.datasets import load_dataset
-
     ds = load_dataset(domain, get_settings())
     frame = ds.frame[ds.frame[domain.split.column] == domain.split.eval].head(limit)
     records = frame.to_dict(orient="records")
@@ -207,9 +203,6 @@ def main(argv: list[str] | None = None) -> int:
                     help="local: transformers generate here; rollout: the rollout backend (TEMPER_ROLLOUT_*)")
     ap.add_argument("--out", required=True, help="directory (local path or fsspec URI) for <domain>.json results")
     args = ap.parse_args(argv)
-    # lazy: pydantic_settings+fsspec (190 ms), via storage, only for the runs of `-m workloads.evaluate` that need it
-    from infra.storage import join, write_bytes_atomic
-
     index, count = int(os.environ.get("TEMPER_SHARD_INDEX", "0")), int(os.environ.get("TEMPER_NUM_SHARDS", "1"))
     mine = shard_of(args.domain, index, count)
     out = args.out if "://" in args.out else str(Path(args.out).resolve())
