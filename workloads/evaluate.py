@@ -17,10 +17,14 @@ import argparse
 import asyncio
 import json
 import os
+import sys
 import time
+from collections.abc import Iterable, Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
+
+from tqdm import tqdm
 
 from infra.storage import join, write_bytes_atomic
 from temper.core.settings import get_settings
@@ -169,6 +173,23 @@ def evaluate_domains(model_dir: str, domain_names: list[str], catalog_dir: str |
             produce.close()
 
 
+def with_progress(results: Iterable[EvalResult], total: int, file: TextIO | None = None,
+                  mininterval: float = 0.1) -> Iterator[EvalResult]:
+    """Pass the results through, with a per-domain progress bar (done/total, rate, ETA, the last
+    domain and its mean reward) on an interactive terminal. Nothing in logs and CI: tqdm's
+    ``disable=None`` turns the bar off unless ``file`` (default stderr) is a TTY, which is how
+    ``temper data generate/validate`` behave too; the eval task's captured output stays plain.
+    ``mininterval``: at most one redraw per that many seconds (tqdm's default)."""
+    bar = tqdm(total=total, desc="eval", unit="domain", disable=None, leave=False, file=file, mininterval=mininterval)
+    try:
+        for result in results:
+            bar.set_postfix_str(f"{result.domain} {result.mean_reward:.3f}", refresh=False)
+            bar.update()
+            yield result
+    finally:
+        bar.close()
+
+
 def _evaluate(produce, model_dir: str, domain, limit: int, max_new_tokens: int, keep_samples: int) -> EvalResult:
     ds = load_dataset(domain, get_settings())
     frame = ds.frame[ds.frame[domain.split.column] == domain.split.eval].head(limit)
@@ -207,11 +228,13 @@ def main(argv: list[str] | None = None) -> int:
     mine = shard_of(args.domain, index, count)
     out = args.out if "://" in args.out else str(Path(args.out).resolve())
     print(json.dumps({"shard": index, "shards": count, "domains": len(mine)}), flush=True)
-    for result in evaluate_domains(args.model, mine, args.catalog, args.limit, args.max_new_tokens,
-                                   generator=args.generator):
+    results = evaluate_domains(args.model, mine, args.catalog, args.limit, args.max_new_tokens, generator=args.generator)
+    for result in with_progress(results, len(mine)):
         write_bytes_atomic(join(out, f"{result.domain}.json"), json.dumps(result.to_dict()).encode())
-        print(json.dumps({k: v for k, v in result.to_dict().items() if k not in ("rewards", "ids", "samples")}),
-              flush=True)
+        # tqdm.write: the line goes above the bar (when there is one), not through it
+        tqdm.write(json.dumps({k: v for k, v in result.to_dict().items() if k not in ("rewards", "ids", "samples")}),
+                   file=sys.stdout)
+        sys.stdout.flush()
     return 0
 
 
