@@ -7,6 +7,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from data_contracts.rules import RULES
 from temper.core.config_files import load_config
 from temper.core.errors import ContractError
 
@@ -58,8 +59,6 @@ class Contract(BaseModel):
 
     @model_validator(mode="after")
     def _rules_known(self) -> "Contract":
-        from data_contracts.rules import RULES
-
         for r in self.rules:
             if r.rule not in RULES:
                 raise ValueError(f"unknown rule {r.rule!r}; known: {', '.join(sorted(RULES))}")

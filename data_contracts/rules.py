@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import ast
 import json
+import shlex
 from collections.abc import Callable
 from fractions import Fraction
 from typing import Any
@@ -89,7 +90,6 @@ def valid_bash(value: Any, _other: Any = None) -> bool:
     """Shell scripts: balanced quotes and no NUL bytes (a full parse needs bash; the sandbox has it)."""
     if not isinstance(value, str) or "\x00" in value:
         return False
-    import shlex
 
     try:
         shlex.split(value, comments=True)

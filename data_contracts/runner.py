@@ -13,7 +13,9 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+import great_expectations as gx
 import pandas as pd
+from great_expectations.data_context.types.base import ProgressBarsConfig
 
 from data_contracts.compiler import compile_suite, prepare_frame
 from data_contracts.model import Contract
@@ -54,8 +56,6 @@ class GXRunner:
     def __init__(self, docs_dir: Path | None = None) -> None:
         os.environ.setdefault("GX_ANALYTICS_ENABLED", "false")
         logging.getLogger("great_expectations").setLevel(logging.WARNING)
-        import great_expectations as gx
-        from great_expectations.data_context.types.base import ProgressBarsConfig
 
         self._gx = gx
         self.ctx = gx.get_context(mode="ephemeral")

@@ -14,7 +14,9 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+from prefect.client.schemas.objects import ConcurrencyLimitConfig
 from prefect.events import DeploymentTriggerTypes
+from prefect.flows import load_flow_from_entrypoint
 from pydantic import TypeAdapter, ValidationError
 
 from temper.core.errors import TemperError, describe_validation_error
@@ -60,16 +62,12 @@ def read_entries(path: Path = PREFECT_YAML) -> list[DeploymentEntry]:
 
 
 def load_flow(entrypoint: str):
-    from prefect.flows import load_flow_from_entrypoint
-
     file, _, name = entrypoint.partition(":")
     return load_flow_from_entrypoint(f"{REPO / file}:{name}")
 
 
 def servable(entries: list[DeploymentEntry], skip_pools: tuple[str, ...] = ("temper-kubernetes",)) -> list[Any]:
     """RunnerDeployments for ``serve``: what a local process can run."""
-    from prefect.client.schemas.objects import ConcurrencyLimitConfig
-
     out = []
     for e in entries:
         if e.work_pool in skip_pools:

@@ -9,18 +9,17 @@ from __future__ import annotations
 from prefect import flow, get_run_logger
 from prefect.artifacts import create_markdown_artifact
 
+from infra import lineage
 from tasks.data import resolve_domains
 from tasks.evaluation import evaluate as evaluate_suite
 from tasks.evaluation import fetch_model, tag_version
 from temper.core.errors import TemperError
 from temper.lifecycle.params import EvaluateParams
+from temper.lifecycle.report import before_after_markdown
 
 
 @flow(name="evaluate", log_prints=True)
 def evaluate(params: EvaluateParams = EvaluateParams()) -> dict:
-    from infra import lineage
-    from temper.lifecycle.report import before_after_markdown
-
     logger = get_run_logger()
     model = fetch_model(params.model_name, params.version)
     if params.eval.domains:

@@ -20,6 +20,9 @@ from prefect.runtime import flow_run
 
 from tasks.human_validation import calibrate, judge_domain, request_review, store_labels
 from temper.core.errors import TemperError
+from temper.core.settings import get_settings
+from temper.data.catalog import load_catalog, select_domains
+from temper.judges.labels import label_record
 from temper.judges.review import HumanValidationParams, ReviewError
 
 __all__ = ["HumanValidationParams", "human_validation"]
@@ -41,9 +44,6 @@ def _summary_markdown(result: dict[str, Any]) -> str:
 
 @flow(name="human_validation", log_prints=True)
 def human_validation(params: HumanValidationParams = HumanValidationParams()) -> dict[str, Any]:
-    from temper.data.catalog import load_catalog, select_domains
-    from temper.core.settings import get_settings
-
     logger = get_run_logger()
     run_id = flow_run.get_id() or "local"
     catalog = load_catalog(get_settings().catalog_dir)
@@ -62,7 +62,6 @@ def human_validation(params: HumanValidationParams = HumanValidationParams()) ->
             continue
         for item_id, why in judge_skipped.items():
             logger.warning("domain %s: judge skipped item %s: %s", d.name, item_id, why)
-        from temper.judges.labels import label_record
 
         labels, review_skipped = [], {}
         for i, item in enumerate(items, 1):

@@ -17,14 +17,16 @@ from prefect import flow, get_run_logger, unmapped
 from prefect.artifacts import create_markdown_artifact, create_table_artifact
 from prefect.runtime import flow_run
 
+from infra import lineage
 from tasks.data import calibration_gate, resolve_domains, validate_domain
 from tasks.evaluation import evaluate
 from tasks.registry import champion, close_lifecycle, fail_lifecycle, gate, open_lifecycle, register
 from tasks.training import prepare_base_model, train_stage
-from temper.data.catalog import split_by_role
 from temper.core.errors import ContractViolation
-from temper.lifecycle.params import PostTrainingParams
+from temper.data.catalog import split_by_role
 from temper.data.validation import validation_workers
+from temper.lifecycle.params import PostTrainingParams
+from temper.lifecycle.report import domain_csv, domain_rows, post_training_markdown, run_link, validation_markdown
 
 REPORT_KEY = "post-training-report"
 
@@ -34,10 +36,8 @@ def _means(results: list[dict]) -> dict[str, float]:
 
 
 def _lifecycle_link(run_id: str) -> str:
+    # lazy: mlflow (1.6 s) would load whenever flows.retrain is imported
     from mlflow.tracking import MlflowClient
-
-    from infra import lineage
-    from temper.lifecycle.report import run_link
 
     uri = lineage.configure()
     return run_link(uri, MlflowClient().get_run(run_id).info.experiment_id, run_id)
@@ -45,8 +45,6 @@ def _lifecycle_link(run_id: str) -> str:
 
 @flow(name="post_training", log_prints=True, on_failure=[fail_lifecycle], on_crashed=[fail_lifecycle])
 def post_training(params: PostTrainingParams = PostTrainingParams()) -> dict:
-    from temper.lifecycle.report import domain_csv, domain_rows, post_training_markdown, validation_markdown
-
     logger = get_run_logger()
     run_key = f"pt-{(flow_run.get_id() or 'local')[:8]}"
     refs, gated_weights, uncalibrated = calibration_gate(resolve_domains(params.domains), params.mixing_weights)

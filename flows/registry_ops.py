@@ -11,6 +11,7 @@ from __future__ import annotations
 from prefect import flow, get_run_logger
 from prefect.artifacts import create_markdown_artifact
 
+from infra import lineage
 from temper.registry.aliases import AliasChange, PromoteParams, RollbackParams, promote, rollback
 
 
@@ -29,8 +30,6 @@ def _report(change: AliasChange) -> dict:
 
 @flow(name="promote_model", log_prints=True)
 def promote_model(params: PromoteParams) -> dict:
-    from infra import lineage
-
     lineage.configure()
     return _report(promote(params.model_name, params.version, reason=params.reason, alias=params.alias,
                            force=params.force, policy=params.policy))
@@ -38,7 +37,5 @@ def promote_model(params: PromoteParams) -> dict:
 
 @flow(name="rollback_model", log_prints=True)
 def rollback_model(params: RollbackParams) -> dict:
-    from infra import lineage
-
     lineage.configure()
     return _report(rollback(params.model_name, alias=params.alias, reason=params.reason))

@@ -13,23 +13,21 @@ from __future__ import annotations
 from prefect import flow, get_run_logger, task
 
 from flows.post_training import post_training
+from infra import lineage
 from tasks.data import resolve_domains
 from temper.lifecycle.params import RetrainParams
+from temper.lifecycle.retraining import changed_domains
+from temper.lifecycle.retraining import latest_trained as read_latest_trained
 
 
 @task(retries=3, retry_delay_seconds=[2, 5, 15])
 def latest_trained(model_name: str) -> tuple[str | None, dict[str, str] | None]:
-    from infra import lineage
-    from temper.lifecycle.retraining import latest_trained
-
     lineage.configure()
-    return latest_trained(model_name)
+    return read_latest_trained(model_name)
 
 
 @flow(name="retrain", log_prints=True)
 def retrain(params: RetrainParams = RetrainParams()) -> dict:
-    from temper.lifecycle.retraining import changed_domains
-
     logger = get_run_logger()
     pt = params.post_training
     current = {r.name: r.digest for r in resolve_domains(pt.domains)}

@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
+import os
 import subprocess
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -36,8 +37,7 @@ def configure(settings: Settings | None = None, *, existing: bool = False) -> st
 
     ``existing``: the caller only reads (lineage, models): an embedded store that does not exist
     yet is an error naming where it was looked for, not a new empty database in the current folder."""
-    import os
-
+    # lazy: mlflow (1.6 s) would load in fast unit tests (test_domain_roles.py)
     import mlflow
 
     # MLflow writes "View run ... at URL" to stdout; it would corrupt `--json` output.
@@ -52,6 +52,7 @@ def configure(settings: Settings | None = None, *, existing: bool = False) -> st
         db.parent.mkdir(parents=True, exist_ok=True)
     mlflow.set_tracking_uri(uri)
     if uri.startswith(("http://", "https://")):
+        # lazy: requests (70 ms) would load in fast unit tests (test_domain_roles.py)
         import requests
 
         try:
@@ -86,6 +87,7 @@ def config_hash(config: Any) -> str:
 def lifecycle_run(experiment: str, run_name: str, *, config: Any = None, base_model: str | None = None,
                   tags: dict[str, str] | None = None) -> Iterator[Any]:
     """The parent run of one lifecycle (flow) run. Ends FAILED if the body raises."""
+    # lazy: mlflow (1.6 s) would load in fast unit tests (test_domain_roles.py)
     import mlflow
 
     try:
@@ -107,6 +109,7 @@ def lifecycle_run(experiment: str, run_name: str, *, config: Any = None, base_mo
 @contextlib.contextmanager
 def stage_run(stage: str, *, parent_run_id: str | None = None, tags: dict[str, str] | None = None) -> Iterator[Any]:
     """A child run for one stage, nested under the active (or given) lifecycle run."""
+    # lazy: mlflow (1.6 s) would load in fast unit tests (test_domain_roles.py)
     import mlflow
 
     active = mlflow.active_run()
@@ -120,6 +123,7 @@ def stage_run(stage: str, *, parent_run_id: str | None = None, tags: dict[str, s
 
 def log_dataset(name: str, frame: Any, source_uri: str, sha256: str, context: str = "training") -> None:
     """Record a consumed dataset on the active run: name, digest, source."""
+    # lazy: mlflow (1.6 s) would load in fast unit tests (test_domain_roles.py)
     import mlflow
 
     ds = mlflow.data.from_pandas(frame, source=source_uri, name=name, digest=sha256[:MLFLOW_DIGEST_LEN])
@@ -184,6 +188,7 @@ def _run_node(client: Any, run_id: str, depth: int = 0) -> RunNode:
 
 def lineage_tree(ref: str) -> LineageTree:
     """Resolve ``MODEL@ALIAS``, ``MODEL/VERSION`` or a run id to its lineage tree."""
+    # lazy: mlflow (1.6 s) would load in fast unit tests (test_domain_roles.py)
     from mlflow.exceptions import MlflowException
     from mlflow.tracking import MlflowClient
 
@@ -235,6 +240,7 @@ def use_experiment(experiment: str, settings: Settings | None = None) -> Any:
     With a sqlite tracking URI MLflow would put artifacts relative to the current directory;
     a tracking server decides artifact locations itself.
     """
+    # lazy: mlflow (1.6 s) would load in fast unit tests (test_domain_roles.py)
     import mlflow
 
     settings = settings or get_settings()
@@ -253,6 +259,7 @@ def use_experiment(experiment: str, settings: Settings | None = None) -> Any:
 
 def open_run(experiment: str, run_name: str, *, tags: dict[str, str] | None = None,
              parent_run_id: str | None = None) -> str:
+    # lazy: mlflow (1.6 s) would load in fast unit tests (test_domain_roles.py)
     from mlflow.tracking import MlflowClient
 
     exp = use_experiment(experiment)
@@ -263,6 +270,7 @@ def open_run(experiment: str, run_name: str, *, tags: dict[str, str] | None = No
 
 
 def close_run(run_id: str, status: str = "FINISHED") -> None:
+    # lazy: mlflow (1.6 s) would load in fast unit tests (test_domain_roles.py)
     from mlflow.tracking import MlflowClient
 
     MlflowClient().set_terminated(run_id, status=status)
@@ -271,6 +279,7 @@ def close_run(run_id: str, status: str = "FINISHED") -> None:
 @contextlib.contextmanager
 def resume_run(run_id: str) -> Iterator[Any]:
     """Re-enter a run by id to log to it with the fluent API, leaving its status RUNNING."""
+    # lazy: mlflow (1.6 s) would load in fast unit tests (test_domain_roles.py)
     import mlflow
     from mlflow.tracking import MlflowClient
 

@@ -7,9 +7,15 @@ from dataclasses import dataclass, field
 from prefect import task
 from prefect.context import TaskRunContext
 
-from data_contracts.model import Contract
+from data_contracts.model import Contract, load_contracts
 from data_contracts.runner import DomainReport
+from infra import lineage
+from infra.lineage import config_hash
+from temper.core.errors import DatasetError
+from temper.core.settings import get_settings
+from temper.data.catalog import load_catalog, select_domains
 from temper.data.domain import Domain
+from temper.data.packs import contract_for
 
 
 @dataclass(frozen=True)
@@ -34,13 +40,8 @@ def _validation_cache_key(_ctx: TaskRunContext, params: dict) -> str:
 @task(retries=2, retry_delay_seconds=[2, 10])
 def resolve_domains(patterns: list[str] | None, catalog_dir: str | None = None) -> list[DomainRef]:
     """Catalog -> selected domains with their current dataset digests (retried: the store may blip)."""
-    from infra.lineage import config_hash
-    from data_contracts.model import load_contracts
-    from temper.data.catalog import load_catalog, select_domains
+    # lazy: fsspec (60 ms), via datasets, would load whenever flows.evaluate is imported
     from temper.data.datasets import dataset_digest
-    from temper.core.errors import DatasetError
-    from temper.data.packs import contract_for
-    from temper.core.settings import get_settings
 
     settings = get_settings()
     domains = select_domains(load_catalog(catalog_dir or settings.catalog_dir), patterns)
@@ -62,7 +63,7 @@ def validate_domain(ref: DomainRef, workers: int = 1) -> DomainReport:
 
     ``workers``: processes shared by all of the flow's validation tasks (``validation_workers``).
     """
-    from temper.core.settings import get_settings
+    # lazy: fsspec (60 ms), via validation, would load whenever flows.evaluate is imported
     from temper.data.validation import shared_validator
 
     return shared_validator(workers).validate(ref.domain, ref.contract, get_settings())
@@ -86,10 +87,8 @@ def calibration_gate(refs: list[DomainRef], mixing_weights: dict[str, float] | N
     down-weighted domain's weight is ``factor`` x that, and the flow passes them to GRPO.
     No MLflow call at all when no selected domain is judge-scored.
     """
-    from infra import lineage
-    from temper.data.catalog import load_catalog
+    # lazy: sklearn+scipy (1.5 s), via calibration, would load whenever flows.evaluate is imported
     from temper.judges.calibration import CalibrationPolicy, apply_calibration_gate, calibration_status
-    from temper.core.settings import get_settings
 
     requested = dict(mixing_weights or {})
     catalog = load_catalog(catalog_dir or get_settings().catalog_dir)

@@ -12,8 +12,17 @@ from pathlib import Path
 
 from prefect import get_run_logger, task
 
+from infra import lineage
 from infra.jobspec import JobSpec
+from infra.launcher_local import run_job
+from temper.core.errors import TemperError
+from temper.core.settings import get_settings
+from temper.lifecycle.evaluation import record_eval, summary
 from temper.lifecycle.params import EvalSettings
+from temper.registry.model_store import hf_folder
+from temper.registry.store import client, version_of
+from temper.registry.tags import eval_tags, parse_eval_tags
+from temper.registry.versions import resolve_version
 
 
 @task(retries=1, retry_delay_seconds=5, task_run_name="eval-{label}")
@@ -24,10 +33,6 @@ def evaluate(model_dir: str, domains: list[str], settings: EvalSettings, label: 
     The domains go to ``settings.shards`` eval processes (locally) or Jobs (Kubernetes) at once,
     each loading the model once and taking every shards-th domain (``workloads.evaluate``).
     """
-    from infra.launcher_local import run_job
-    from temper.core.errors import TemperError
-    from temper.lifecycle.evaluation import record_eval, summary
-
     logger = get_run_logger()
     out = Path(tempfile.mkdtemp(prefix="temper-eval-"))
     shards = max(1, min(settings.shards, len(domains)))
@@ -61,13 +66,6 @@ def evaluate(model_dir: str, domains: list[str], settings: EvalSettings, label: 
 @task(retries=3, retry_delay_seconds=[2, 5, 15], task_run_name="fetch-{model_name}-{version}")
 def fetch_model(model_name: str, version: str) -> dict:
     """A registered version (number or alias) as a local HF folder the eval jobs can read (either layout)."""
-    from infra import lineage
-    from temper.core.settings import get_settings
-    from temper.registry.model_store import hf_folder
-    from temper.registry.store import client, version_of
-    from temper.registry.tags import parse_eval_tags
-    from temper.registry.versions import resolve_version
-
     lineage.configure()
     mv = resolve_version(client(), model_name, version)
     number = version_of(mv)
@@ -79,10 +77,8 @@ def fetch_model(model_name: str, version: str) -> dict:
 @task(retries=3, retry_delay_seconds=[2, 5, 15])
 def tag_version(model_name: str, version: str, results: list[dict]) -> None:
     """Write the eval summary onto the version, where the gate and `temper models` read it."""
+    # lazy: mlflow (1.6 s) would load whenever flows.evaluate is imported
     from mlflow.tracking import MlflowClient
-
-    from infra import lineage
-    from temper.registry.tags import eval_tags
 
     lineage.configure()
     client = MlflowClient()

@@ -12,6 +12,7 @@ hear them: Prefect would start an ephemeral server just to drop the event, so no
 from __future__ import annotations
 
 from prefect.events import Event, emit_event
+from prefect.events.worker import EventsWorker
 from prefect.settings import PREFECT_API_URL
 
 from temper.data.datasets import DatasetChange
@@ -35,8 +36,6 @@ def emit_dataset_changed(change: DatasetChange) -> Event | None:
 
 def emit_dataset_changes(changes: list[DatasetChange], timeout_s: float = 10) -> list[Event]:
     """Emit one event per change and wait until they are sent (a CLI process exits right after)."""
-    from prefect.events.worker import EventsWorker
-
     sent = [e for e in map(emit_dataset_changed, changes) if e is not None]
     if sent:
         EventsWorker.drain_all(timeout=timeout_s, at_exit=False)

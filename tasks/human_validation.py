@@ -13,9 +13,24 @@ from prefect.flow_runs import pause_flow_run
 from prefect.input import RunInput
 from pydantic import Field, ValidationError, create_model
 
-from temper.judges.calibration import CalibrationPolicy
-from temper.judges.review import HumanValidationParams, JudgedItem, ReviewError, check_review, review_markdown
+from temper.core.errors import DatasetError
+from temper.core.settings import get_settings
+from temper.data.catalog import load_catalog
+from temper.data.datasets import load_dataset
+from temper.judges import JudgeError
+from temper.judges.calibration import CalibrationPolicy, agreement, log_calibration
+from temper.judges.labels import write_labels
+from temper.judges.review import (
+    HumanValidationParams,
+    JudgedItem,
+    ReviewError,
+    check_review,
+    review_markdown,
+    sample_records,
+)
 from temper.judges.rubric import Rubric
+from temper.verifiers.families.judge import parse_params
+from temper.verifiers.registry import get_verifier
 
 
 class ReviewInput(RunInput):
@@ -41,14 +56,6 @@ class ReviewInput(RunInput):
 @task(task_run_name="judge-{domain_name}")
 def judge_domain(domain_name: str, params: HumanValidationParams) -> tuple[Rubric, list[JudgedItem], dict[str, str]]:
     """Sample and judge one domain's items: (rubric, judged items, skipped item -> reason)."""
-    from temper.data.catalog import load_catalog
-    from temper.data.datasets import load_dataset
-    from temper.core.errors import DatasetError
-    from temper.judges import JudgeError
-    from temper.judges.review import sample_records
-    from temper.core.settings import get_settings
-    from temper.verifiers.registry import get_verifier
-
     settings = get_settings()
     domain = load_catalog(settings.catalog_dir)[domain_name]
     verifier = get_verifier("judge", domain.verifier.params)
@@ -81,19 +88,12 @@ def judge_domain(domain_name: str, params: HumanValidationParams) -> tuple[Rubri
 
 @task(task_run_name="labels-{domain_name}")
 def store_labels(domain_name: str, records: list[dict[str, Any]]) -> tuple[str, str, Any]:
-    from temper.judges.labels import write_labels
-
     return write_labels(domain_name, records)
 
 
 @task(task_run_name="calibrate-{domain_name}")
 def calibrate(domain_name: str, rubric: Rubric, frame: Any, uri: str, sha256: str,
               policy: CalibrationPolicy) -> dict[str, Any]:
-    from temper.data.catalog import load_catalog
-    from temper.judges.calibration import agreement, log_calibration
-    from temper.core.settings import get_settings
-    from temper.verifiers.families.judge import parse_params
-
     domain = load_catalog(get_settings().catalog_dir)[domain_name]
     params, _ = parse_params(domain.verifier.params)
     effective = policy.merged(rubric.calibration, params.calibration)

@@ -3,11 +3,22 @@
 from __future__ import annotations
 
 from prefect import task
+from prefect.client.orchestration import get_client
+from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
 from prefect.runtime import flow_run
 
 from data_contracts.runner import DomainReport
+from infra import lineage
+from temper.core.errors import TemperError
+from temper.core.settings import get_settings
+from temper.data.catalog import load_catalog
+from temper.data.datasets import load_dataset
+from temper.data.validation import log_validated_datasets
 from temper.lifecycle.params import PostTrainingParams
-from temper.registry.gate import GateDecision, PromotionPolicy
+from temper.lifecycle.report import post_training_markdown, run_link
+from temper.registry.gate import GateDecision, PromotionPolicy, decide
+from temper.registry.model_store import DEFAULT_EXAMPLE, EvalMetrics, log_hf_model
+from temper.registry.registration import champion_metrics, champion_samples, register_version, run_samples
 
 _MLFLOW_RETRY = dict(retries=3, retry_delay_seconds=[2, 5, 15])
 FLOW_RUN_TAG = "temper.prefect_flow_run"  # on the lifecycle run: which Prefect flow run opened it
@@ -16,12 +27,8 @@ FLOW_RUN_TAG = "temper.prefect_flow_run"  # on the lifecycle run: which Prefect 
 @task(**_MLFLOW_RETRY)
 def open_lifecycle(params: PostTrainingParams, run_name: str, reports: list[DomainReport]) -> str:
     """The lifecycle parent run: config, tags, and every dataset consumed (with digests)."""
+    # lazy: mlflow (1.6 s) would load whenever flows.post_training is imported
     import mlflow
-
-    from infra import lineage
-    from temper.data.catalog import load_catalog
-    from temper.core.settings import get_settings
-    from temper.data.validation import log_validated_datasets
 
     settings = get_settings()
     lineage.configure(settings)
@@ -39,9 +46,8 @@ def open_lifecycle(params: PostTrainingParams, run_name: str, reports: list[Doma
 @task(**_MLFLOW_RETRY)
 def close_lifecycle(run_id: str, status: str, report_markdown: str, domain_table_csv: str | None = None) -> None:
     """The report (and the per-domain table, as CSV) on the lifecycle run, which is then closed."""
+    # lazy: mlflow (1.6 s) would load whenever flows.post_training is imported
     import mlflow
-
-    from infra import lineage
 
     with lineage.resume_run(run_id):
         mlflow.log_text(report_markdown, "report.md")
@@ -52,9 +58,6 @@ def close_lifecycle(run_id: str, status: str, report_markdown: str, domain_table
 
 def _failed_tasks(flow_run_id: str) -> list[str]:
     """Names of the failed/crashed task runs of a flow run (the stage that broke), oldest first."""
-    from prefect.client.orchestration import get_client
-    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
-
     with get_client(sync_client=True) as client:
         runs = client.read_task_runs(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[flow_run_id])))
     bad = [r for r in runs if r.state is not None and (r.state.is_failed() or r.state.is_crashed())]
@@ -68,10 +71,8 @@ def fail_lifecycle(flow, flow_run, state) -> None:
     A hook, not a try/except in the flow body, so every stage is covered, including ones
     added later. A lifecycle run already closed (a data contract violation) is left alone.
     """
+    # lazy: mlflow (1.6 s) would load whenever flows.post_training is imported
     import mlflow
-
-    from infra import lineage
-    from temper.lifecycle.report import post_training_markdown, run_link
 
     uri = lineage.configure()
     experiment = mlflow.get_experiment_by_name("post_training")
@@ -100,9 +101,6 @@ def fail_lifecycle(flow, flow_run, state) -> None:
 
 @task(**_MLFLOW_RETRY)
 def champion(model_name: str, alias: str) -> tuple[str | None, dict[str, float] | None]:
-    from infra import lineage
-    from temper.registry.registration import champion_metrics
-
     lineage.configure()
     return champion_metrics(model_name, alias)
 
@@ -113,10 +111,6 @@ def gate(candidate: list[dict], model_name: str, champion_version: str | None,
     """The promotion gate on the candidate's eval results vs the champion's, per-sample rewards included
     (the candidate's from its eval runs, the champion's from its lifecycle), so each domain's
     regression is judged against its noise."""
-    from infra import lineage
-    from temper.registry.gate import decide
-    from temper.registry.registration import champion_samples, run_samples
-
     lineage.configure()
     means = {r["domain"]: r["mean_reward"] for r in candidate}
     return decide(means, champion_means, policy, run_samples(candidate), champion_samples(model_name, champion_version))
@@ -124,10 +118,8 @@ def gate(candidate: list[dict], model_name: str, champion_version: str | None,
 
 def _eval_metrics(eval_results: dict[str, dict]) -> list:
     """Each domain's eval numbers with the dataset they were measured on (read from its eval run)."""
+    # lazy: mlflow (1.6 s) would load whenever flows.post_training is imported
     from mlflow.tracking import MlflowClient
-
-    from infra import lineage
-    from temper.registry.model_store import EvalMetrics
 
     client, out = MlflowClient(), []
     for d, r in eval_results.items():
@@ -143,12 +135,6 @@ def _eval_metrics(eval_results: dict[str, dict]) -> list:
 
 def _example_prompt(domains: list[str]) -> str:
     """The first eval prompt of the first domain: the logged model's input example."""
-    from temper.data.catalog import load_catalog
-    from temper.data.datasets import load_dataset
-    from temper.core.errors import TemperError
-    from temper.registry.model_store import DEFAULT_EXAMPLE
-    from temper.core.settings import get_settings
-
     try:
         domain = load_catalog(get_settings().catalog_dir)[domains[0]]
         frame = load_dataset(domain).frame
@@ -162,11 +148,8 @@ def _example_prompt(domains: list[str]) -> str:
 def register(params: PostTrainingParams, model_dir: str, parent_run_id: str, eval_results: dict[str, dict],
              decision: GateDecision) -> dict:
     """A 'register' stage run holding the logged model (transformers flavour), then the version and alias."""
+    # lazy: mlflow (1.6 s) would load whenever flows.post_training is imported
     import mlflow
-
-    from infra import lineage
-    from temper.registry.model_store import log_hf_model
-    from temper.registry.registration import register_version
 
     lineage.configure()
     config_hash = lineage.config_hash(params)

@@ -5,16 +5,15 @@ from __future__ import annotations
 from prefect import task
 
 from data_contracts.runner import DomainReport
+from infra import lineage
+from temper.core.settings import get_settings
+from temper.data.catalog import load_catalog
+from temper.data.validation import ValidationSummary, track_validation
 
 
 @task(retries=3, retry_delay_seconds=[2, 5, 15])
 def record_validation(reports: list[DomainReport], experiment: str, run_name: str, parent_run_id: str | None = None) -> str:
     """Log the validation stage (datasets with digests, report) as an MLflow run; returns its id."""
-
-    from infra import lineage
-    from temper.data.catalog import load_catalog
-    from temper.core.settings import get_settings
-    from temper.data.validation import ValidationSummary, track_validation
 
     settings = get_settings()
     lineage.configure(settings)

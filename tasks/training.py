@@ -12,19 +12,22 @@ from pathlib import Path
 import yaml
 from prefect import get_run_logger, task
 
+from infra.launcher_local import run_job
+from temper.core.errors import TemperError
+from temper.core.settings import get_settings
+from temper.data.catalog import load_catalog, refuse_eval_only, select_domains
 from temper.lifecycle.params import PostTrainingParams
 from temper.training.config import SFTSettings, TrainConfig
+from temper.training.job import training_job
 from temper.training.progress import is_progress
+from temper.training.tiny import init_tiny
 
 
 @task(retries=1)
 def prepare_base_model(base_model: str) -> str:
     """'tiny' -> a tiny random Llama made once under TEMPER_HOME; anything else is used as given."""
-    from temper.core.settings import get_settings
-
     if base_model != "tiny":
         return base_model
-    from temper.training.tiny import init_tiny
 
     out = (get_settings().home / "models" / "tiny").resolve()
     if not (out / "config.json").exists():
@@ -51,9 +54,6 @@ def stage_config(stage: str, params: PostTrainingParams, base_model: str, run_ke
 
 def refuse_eval_only_domains(patterns: list[str]) -> None:
     """Fail before any job starts when the training domains include an eval-only (held-out) domain."""
-    from temper.data.catalog import load_catalog, refuse_eval_only, select_domains
-    from temper.core.settings import get_settings
-
     refuse_eval_only(select_domains(load_catalog(get_settings().catalog_dir), patterns), "training stage")
 
 
@@ -63,11 +63,6 @@ def refuse_eval_only_domains(patterns: list[str]) -> None:
 def train_stage(stage: str, params: PostTrainingParams, base_model: str, run_key: str, parent_run_id: str,
                 mixing_weights: dict[str, float] | None = None, validated_digests: dict[str, str] | None = None) -> str:
     """Run one training job to completion; returns the exported HF model folder."""
-    from infra.launcher_local import run_job
-    from temper.core.errors import TemperError
-    from temper.core.settings import get_settings
-    from temper.training.job import training_job
-
     refuse_eval_only_domains(params.domains)
     if params.backend == "kubernetes":
         raise TemperError("backend 'kubernetes' for training: submit through infra.k8s (see docs/kubernetes.md)")

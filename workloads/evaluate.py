@@ -16,12 +16,22 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
+import sys
 import time
+from collections.abc import Iterable, Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
 
+from tqdm import tqdm
+
+from infra.storage import join, write_bytes_atomic
+from temper.core.settings import get_settings
+from temper.data.catalog import load_catalog, select_domains
+from temper.data.datasets import load_dataset
 from temper.lifecycle.params import EvalSettings
+from temper.verifiers import get_verifier
 
 
 @dataclass
@@ -48,6 +58,7 @@ class LocalGenerator:
     """Greedy decoding with transformers in this process; the model is loaded once."""
 
     def __init__(self, model_dir: str, batch_size: int = 16) -> None:
+        # lazy: torch+transformers (2.3 s) only for the runs of `-m workloads.evaluate` that need it
         import torch
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -81,6 +92,7 @@ def generate_completions(model_dir: str, prompts: list[str], max_new_tokens: int
 
 
 def _greedy(model, tok, prompts: list[str], max_new_tokens: int, batch_size: int) -> list[str]:
+    # lazy: torch (1.5 s) only for the runs of `-m workloads.evaluate` that need it
     import torch
 
     out: list[str] = []
@@ -101,8 +113,7 @@ class RolloutGenerator:
     """
 
     def __init__(self, model_dir: str) -> None:
-        import os
-
+        # lazy: torch+openai+fastapi+... (2.7 s), via client, only for the runs of `-m workloads.evaluate` that need it
         from temper.rollout.client import RolloutClient
         from temper.rollout.config import RolloutSettings
 
@@ -111,6 +122,7 @@ class RolloutGenerator:
         self.client = RolloutClient(RolloutSettings(**overrides))
 
     def __call__(self, prompts: list[str], max_new_tokens: int) -> list[str]:
+        # lazy: torch+openai+fastapi+... (2.7 s), via client, only for the runs of `-m workloads.evaluate` that need it
         from temper.rollout.client import generate
 
         return [group[0].text for group in generate(prompts, max_tokens=max_new_tokens, temperature=0.0,
@@ -151,9 +163,6 @@ def evaluate_domains(model_dir: str, domain_names: list[str], catalog_dir: str |
                      limit: int = DEFAULTS.limit, max_new_tokens: int = DEFAULTS.max_new_tokens, keep_samples: int = 5,
                      generator: str = "local"):
     """Yield one EvalResult per domain, in order, loading the catalog and the model once."""
-    from temper.data.catalog import load_catalog, select_domains
-    from temper.core.settings import get_settings
-
     domains = select_domains(load_catalog(catalog_dir or get_settings().catalog_dir), domain_names)
     produce = make_generator(model_dir, generator) if domains else None
     try:
@@ -164,11 +173,24 @@ def evaluate_domains(model_dir: str, domain_names: list[str], catalog_dir: str |
             produce.close()
 
 
-def _evaluate(produce, model_dir: str, domain, limit: int, max_new_tokens: int, keep_samples: int) -> EvalResult:
-    from temper.data.datasets import load_dataset
-    from temper.core.settings import get_settings
-    from temper.verifiers import get_verifier
+def with_progress(results: Iterable[EvalResult], total: int, file: TextIO | None = None,
+                  mininterval: float = 0.1) -> Iterator[EvalResult]:
+    """Pass the results through, with a per-domain progress bar (done/total, rate, ETA, the last
+    domain and its mean reward) on an interactive terminal. Nothing in logs and CI: tqdm's
+    ``disable=None`` turns the bar off unless ``file`` (default stderr) is a TTY, which is how
+    ``temper data generate/validate`` behave too; the eval task's captured output stays plain.
+    ``mininterval``: at most one redraw per that many seconds (tqdm's default)."""
+    bar = tqdm(total=total, desc="eval", unit="domain", disable=None, leave=False, file=file, mininterval=mininterval)
+    try:
+        for result in results:
+            bar.set_postfix_str(f"{result.domain} {result.mean_reward:.3f}", refresh=False)
+            bar.update()
+            yield result
+    finally:
+        bar.close()
 
+
+def _evaluate(produce, model_dir: str, domain, limit: int, max_new_tokens: int, keep_samples: int) -> EvalResult:
     ds = load_dataset(domain, get_settings())
     frame = ds.frame[ds.frame[domain.split.column] == domain.split.eval].head(limit)
     records = frame.to_dict(orient="records")
@@ -192,8 +214,6 @@ def _evaluate(produce, model_dir: str, domain, limit: int, max_new_tokens: int, 
 
 
 def main(argv: list[str] | None = None) -> int:
-    import os
-
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", required=True, help="HF model folder")
     ap.add_argument("--domain", action="append", required=True, help="a domain to evaluate (repeatable)")
@@ -204,17 +224,17 @@ def main(argv: list[str] | None = None) -> int:
                     help="local: transformers generate here; rollout: the rollout backend (TEMPER_ROLLOUT_*)")
     ap.add_argument("--out", required=True, help="directory (local path or fsspec URI) for <domain>.json results")
     args = ap.parse_args(argv)
-    from infra.storage import join, write_bytes_atomic
-
     index, count = int(os.environ.get("TEMPER_SHARD_INDEX", "0")), int(os.environ.get("TEMPER_NUM_SHARDS", "1"))
     mine = shard_of(args.domain, index, count)
     out = args.out if "://" in args.out else str(Path(args.out).resolve())
     print(json.dumps({"shard": index, "shards": count, "domains": len(mine)}), flush=True)
-    for result in evaluate_domains(args.model, mine, args.catalog, args.limit, args.max_new_tokens,
-                                   generator=args.generator):
+    results = evaluate_domains(args.model, mine, args.catalog, args.limit, args.max_new_tokens, generator=args.generator)
+    for result in with_progress(results, len(mine)):
         write_bytes_atomic(join(out, f"{result.domain}.json"), json.dumps(result.to_dict()).encode())
-        print(json.dumps({k: v for k, v in result.to_dict().items() if k not in ("rewards", "ids", "samples")}),
-              flush=True)
+        # tqdm.write: the line goes above the bar (when there is one), not through it
+        tqdm.write(json.dumps({k: v for k, v in result.to_dict().items() if k not in ("rewards", "ids", "samples")}),
+                   file=sys.stdout)
+        sys.stdout.flush()
     return 0
 
 

@@ -10,6 +10,9 @@ import argparse
 import os
 import sys
 
+from temper.core.errors import TemperError
+from temper.training.progress import quiet_libraries, result_lines
+
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="workloads.train")
@@ -18,11 +21,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-steps", type=int, default=None, help="override max_steps")
     args = parser.parse_args(argv)
 
-    from temper.training.progress import quiet_libraries, result_lines
-
     quiet_libraries()  # before torch/transformers are imported
 
-    from temper.core.errors import TemperError
+    # lazy: transformers+pydantic_settings+fsspec+... (1.0 s), via config, only for the runs of `-m workloads.train` that need it
     from temper.training.config import load_config
     from temper.training.run import train
 

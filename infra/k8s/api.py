@@ -10,16 +10,18 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
+import yaml
 from kubernetes import client as k
+from kubernetes import config
 from kubernetes.client.exceptions import ApiException
+from kubernetes.stream import stream
+from kubernetes.stream.ws_client import ERROR_CHANNEL, STDIN_CHANNEL
 
 from infra.k8s.errors import KubernetesError
 
 
 def load_config(context: str | None = None) -> None:
     """In-cluster config when running in a pod (the Prefect worker), else ~/.kube/config."""
-    from kubernetes import config
-
     try:
         config.load_incluster_config()
     except config.ConfigException:
@@ -100,8 +102,7 @@ class ClusterApi:
         length-prefixed request instead, so it never waits for EOF). A failure of the exec
         itself (no such executable, container gone) raises KubernetesError with the server's words.
         """
-        from kubernetes.stream import stream
-        from kubernetes.stream.ws_client import ERROR_CHANNEL, STDIN_CHANNEL
+        # lazy: websocket (20 ms) would load in fast unit tests (test_k8s_failures.py)
         from websocket import WebSocketException
 
         ws = stream(self.core.connect_get_namespaced_pod_exec, pod, namespace, container=container,
@@ -129,8 +130,6 @@ def exec_exit_code(status: bytes | str | None, pod: str) -> int:
     Success -> 0; Failure/NonZeroExitCode -> the code in details.causes[ExitCode]; any other
     Failure (executable not found, container not running) or no status at all -> KubernetesError.
     """
-    import yaml
-
     doc = yaml.safe_load(status) if status else None
     doc = doc if isinstance(doc, dict) else {}
     if doc.get("status") == "Success":

@@ -320,6 +320,7 @@ def handle(req: dict, payload: bytes, out, err) -> dict:
 
 def _prctl_setup() -> None:
     try:
+        # lazy: best effort inside the try; a box whose Python lacks ctypes still serves
         import ctypes
 
         libc = ctypes.CDLL(None)

@@ -16,13 +16,14 @@ import asyncio
 import atexit
 import concurrent.futures as cf
 import contextlib
+import os
 import queue
 import threading
 import time
 from collections.abc import Iterator, Mapping
 
 from infra.sandbox.api import Backend, Box, Limits, Profile, Result, SandboxError, get_profile
-
+from infra.sandbox.bwrap import BwrapBackend
 
 _shared: dict[str, "SandboxPool"] = {}
 _shared_lock = threading.Lock()
@@ -44,8 +45,6 @@ def default_backend() -> Backend:
     """The process's local backend (one host directory for all its boxes, removed at exit)."""
     with _backend_lock:
         if not _default:
-            from infra.sandbox.bwrap import BwrapBackend
-
             _default.append(BwrapBackend())
         return _default[0]
 
@@ -232,8 +231,6 @@ def shared_pool(profile: str, size: int | None = None) -> SandboxPool:
     with _shared_lock:
         pool = _shared.get(profile)
         if pool is None or pool._closed:
-            import os
-
             pool = _shared[profile] = SandboxPool(profile, size=size or max(2, os.cpu_count() or 2))
         return pool
 

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
+import time
 from pathlib import Path
 
 
@@ -14,8 +16,9 @@ def _catalog_args(p: argparse.ArgumentParser) -> None:
 
 
 def _domains(args):
-    from temper.data.catalog import load_catalog, select_domains
+    # lazy: pydantic_settings+yaml (141 ms), via settings, would load at every `temper` start-up
     from temper.core.settings import get_settings
+    from temper.data.catalog import load_catalog, select_domains
 
     catalog = load_catalog(args.catalog or get_settings().catalog_dir)
     return select_domains(catalog, args.domain)
@@ -23,6 +26,7 @@ def _domains(args):
 
 def _bar(items: list, desc: str):
     """A progress bar on an interactive terminal (stderr); nothing when output is piped or logged."""
+    # lazy: tqdm (30 ms) would load at every `temper` start-up
     from tqdm import tqdm
 
     return tqdm(items, desc=desc, unit="domain", disable=None, leave=False)
@@ -30,9 +34,7 @@ def _bar(items: list, desc: str):
 
 def generate(args) -> int:
     """Write (or keep) the selected domains' datasets; changed digests are announced as Prefect events."""
-    import sys
-    import time
-
+    # lazy: pandas+pydantic_settings+fsspec+... (540 ms), via datasets, would load at every `temper` start-up
     from tqdm import tqdm
 
     from temper.data.datasets import DATASET_LISTENERS
@@ -64,6 +66,7 @@ def generate(args) -> int:
     print(f"{len(domains)} domains in {time.perf_counter() - start:.1f}s" + (f"; {failed} failed (nothing written "
           "for them)" if failed else ""))
     if changes:  # Prefect is imported only when there is something to announce (~1.3 s)
+        # lazy: prefect+pandas+pydantic_settings+... (1.8 s), via events, would load at every `temper` start-up
         from tasks.events import DATASET_CHANGED, emit_dataset_changes
 
         sent = emit_dataset_changes(changes)
@@ -73,10 +76,12 @@ def generate(args) -> int:
 
 
 def validate(args) -> int:
+    # lazy: great_expectations+pandas+pydantic_settings+... (4.0 s), via validation, would load at every `temper` start-up
     from temper.data.validation import format_report, track_validation, validate_domains
 
     domains = _domains(args)
     if args.track:
+        # lazy: pydantic_settings (130 ms), via lineage, would load at every `temper` start-up
         from infra import lineage
 
         lineage.configure()

@@ -15,6 +15,7 @@ import time
 
 def demo(args: argparse.Namespace) -> int:
     # Before Prefect is imported: the ephemeral API lives under TEMPER_HOME and may start slowly on 2 busy cores.
+    # lazy: pydantic_settings (130 ms), via settings, would load at every `temper` start-up
     from temper.core.settings import get_settings
 
     settings = get_settings()
@@ -22,6 +23,7 @@ def demo(args: argparse.Namespace) -> int:
     os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "180")
     os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
 
+    # lazy: pandas+pydantic_settings+fsspec+... (521 ms), via lineage, would load at every `temper` start-up
     from infra import lineage
     from temper.data.catalog import load_catalog, select_domains
     from temper.data.generators import generate_datasets
@@ -43,6 +45,7 @@ def demo(args: argparse.Namespace) -> int:
         print("[demo] some datasets could not be generated (above): nothing was trained")
         return 1
 
+    # lazy: great_expectations+prefect+pandas+... (5.3 s), via post_training, would load at every `temper` start-up
     from flows.post_training import post_training
 
     state = post_training(params, return_state=True)

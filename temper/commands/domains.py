@@ -5,12 +5,14 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from temper.core.errors import CatalogError
+
 
 def list_domains(args) -> int:
-    from temper.data.catalog import load_catalog
-    from temper.core.errors import CatalogError
-    from temper.data.packs import describe
+    # lazy: pydantic_settings+yaml (141 ms), via settings, would load at every `temper` start-up
     from temper.core.settings import get_settings
+    from temper.data.catalog import load_catalog
+    from temper.data.packs import describe
 
     catalog = load_catalog(args.catalog or get_settings().catalog_dir)
     domains = [catalog[n] for n in sorted(catalog)]

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 
 def render(args) -> int:
-    from infra.k8s.render import load_render_config, render as render_docs, write_manifests
+    # lazy: kubernetes+yaml (411 ms), via render, would load at every `temper` start-up
+    from infra.k8s.render import load_render_config, write_manifests
+    from infra.k8s.render import render as render_docs
 
     cfg = load_render_config(args.config)
     for p in write_manifests(render_docs(cfg), args.out):
@@ -16,8 +19,7 @@ def render(args) -> int:
 
 def options(args) -> int:
     """Validate an options file (the temper-k8s-options ConfigMap's options.yaml) and print it in full."""
-    import os
-
+    # lazy: yaml (11 ms), via options, would load at every `temper` start-up
     import yaml
 
     from infra.k8s.options import OPTIONS_ENV, load_options, options_from_env

@@ -8,14 +8,16 @@ and attach it to the version's run, so the MLflow UI shows it; ``--no-attach`` o
 
 from __future__ import annotations
 
+import json
 import re
+import sys
+from pathlib import Path
 
 GRAPH_FORMATS = ("mermaid", "dot", "png")
 
 
 def show(args) -> int:
-    import json
-
+    # lazy: pydantic_settings (130 ms), via lineage, would load at every `temper` start-up
     from infra import lineage
 
     lineage.configure(existing=True)
@@ -27,8 +29,7 @@ def show(args) -> int:
 
 
 def _graph(args) -> int:
-    from pathlib import Path
-
+    # lazy: pydantic_settings (130 ms), via lineage_graph, would load at every `temper` start-up
     from temper.registry import lineage_graph
 
     graph = lineage_graph.build_graph(args.ref)
@@ -41,8 +42,6 @@ def _graph(args) -> int:
     else:
         print(lineage_graph.to_mermaid(graph) if args.format == "mermaid" else lineage_graph.to_dot(graph), end="")
     if not args.no_attach and mv.run_id:
-        import sys
-
         paths = lineage_graph.attach(graph, mv.run_id, png)
         # stderr, so stdout stays the graph text (pipeable into mmdc / dot)
         print(f"attached to run {mv.run_id}: {', '.join(paths)}", file=sys.stderr)

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import argparse
 
+from temper.core.errors import TemperError
+
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser("model", help="base-model utilities")
@@ -24,7 +26,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def handler(args: argparse.Namespace) -> int:
-    from temper.core.errors import TemperError
+    # lazy: temper.training.tiny adds 5 ms to every `temper` start-up (--help loads all commands)
     from temper.training.tiny import init_tiny
 
     for flag in ("hidden", "layers", "heads"):
@@ -40,6 +42,7 @@ def handler(args: argparse.Namespace) -> int:
 
 
 def import_handler(args: argparse.Namespace) -> int:
+    # lazy: torch+transformers (2.3 s), via gguf_base, would load at every `temper` start-up
     from temper.training.gguf_base import import_gguf, packaged_gguf
 
     out = import_gguf(args.gguf or packaged_gguf(), args.out)

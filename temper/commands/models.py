@@ -9,11 +9,15 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+from dataclasses import asdict
+
+from temper.registry.gate import PromotionPolicy
+from temper.registry.versions import format_versions, list_versions
 
 
 def _configure() -> None:
-    import os
-
+    # lazy: pydantic_settings (130 ms), via lineage, would load at every `temper` start-up
     from infra import lineage
 
     # compare downloads per-sample rewards; MLflow's progress bars would bury the table
@@ -34,10 +38,6 @@ def _print_change(change, as_json: bool) -> int:
 
 
 def list_cmd(args) -> int:
-    from dataclasses import asdict
-
-    from temper.registry.versions import format_versions, list_versions
-
     _configure()
     versions = list_versions(args.model)
     if args.json:
@@ -48,6 +48,7 @@ def list_cmd(args) -> int:
 
 
 def compare_cmd(args) -> int:
+    # lazy: pydantic_settings+scipy+numpy (330 ms), via compare, would load at every `temper` start-up
     from temper.registry.compare import compare, format_comparison
 
     _configure()
@@ -60,8 +61,8 @@ def compare_cmd(args) -> int:
 
 
 def promote_cmd(args) -> int:
+    # lazy: temper.registry.aliases adds 9 ms to every `temper` start-up (--help loads all commands)
     from temper.registry.aliases import promote
-    from temper.registry.gate import PromotionPolicy
 
     _configure()
     policy = PromotionPolicy(min_improvement=args.min_improvement, max_regression=args.max_regression,
@@ -72,6 +73,7 @@ def promote_cmd(args) -> int:
 
 
 def rollback_cmd(args) -> int:
+    # lazy: temper.registry.aliases adds 9 ms to every `temper` start-up (--help loads all commands)
     from temper.registry.aliases import rollback
 
     _configure()
@@ -80,8 +82,7 @@ def rollback_cmd(args) -> int:
 
 
 def history_cmd(args) -> int:
-    from dataclasses import asdict
-
+    # lazy: temper.registry.aliases adds 9 ms to every `temper` start-up (--help loads all commands)
     from temper.registry.aliases import audit_trail
     from temper.registry.audit import format_trail
 
@@ -95,8 +96,6 @@ def history_cmd(args) -> int:
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    from temper.registry.gate import PromotionPolicy
-
     defaults = PromotionPolicy()
     p = sub.add_parser("models", help="registry operations: list, compare, promote, rollback, history")
     s = p.add_subparsers(dest="models_command", required=True, metavar="SUBCOMMAND")

@@ -9,13 +9,15 @@ import argparse
 import json
 from pathlib import Path
 
+from temper.core.errors import TemperError
+
 _SUFFIX_PROFILE = {".py": "python", ".sh": "shell", ".bash": "shell"}
 
 
 def run(args) -> int:
+    # lazy: infra.sandbox adds 11 ms to every `temper` start-up (--help loads all commands)
     from infra.sandbox import get_profile
     from infra.sandbox import run as sandbox_run
-    from temper.core.errors import TemperError
 
     target = list(args.target)
     if not target:

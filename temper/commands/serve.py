@@ -7,15 +7,16 @@ POST /v1/completions and /v1/chat/completions (stream=true for SSE), GET /v1/mod
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
+
+from pydantic import ValidationError
+
+from temper.core.errors import TemperError, describe_validation_error
 
 
 def run(args) -> int:
-    from pydantic import ValidationError
-
-    from temper.core.errors import TemperError, describe_validation_error
+    # lazy: pydantic_settings (130 ms), via config, would load at every `temper` start-up
     from temper.rollout.config import MIB, EngineConfig, PrefixCacheConfig, SpeculativeConfig
-
-    from pathlib import Path
 
     for flag, folder in (("--model", args.model), ("--draft", None if args.draft in (None, "int8") else args.draft)):
         if folder is not None and not (Path(folder) / "config.json").is_file():
@@ -36,6 +37,7 @@ def run(args) -> int:
                               max_context_tokens=args.max_context, torch_threads=args.threads)
     except ValidationError as e:
         raise TemperError(describe_validation_error("serve", e)) from None
+    # lazy: torch+fastapi+pydantic_settings+... (2.0 s), via engine, would load at every `temper` start-up
     import uvicorn
 
     from temper.rollout.engine import Engine

@@ -8,6 +8,7 @@ checkpoints, where the result is) are shown; library output goes to ``<output_di
 from __future__ import annotations
 
 import argparse
+import sys
 from collections import deque
 from pathlib import Path
 
@@ -23,8 +24,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def handler(args: argparse.Namespace) -> int:
-    import sys
-
+    # lazy: pydantic_settings+yaml (141 ms), via launcher_local, would load at every `temper` start-up
     from infra.launcher_local import run_job
     from temper.training.config import load_config
     from temper.training.job import preflight, training_job

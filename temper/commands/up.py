@@ -21,15 +21,16 @@ import sys
 import time
 from pathlib import Path
 
+from temper.core.errors import TemperError
+
 
 def _start(argv: list[str], log: Path, env: dict[str, str]) -> subprocess.Popen:
     return subprocess.Popen(argv, stdout=log.open("ab"), stderr=subprocess.STDOUT, env=env, start_new_session=True)
 
 
 def _wait_healthy(url: str, proc: subprocess.Popen, log: Path, timeout_s: float = 180) -> None:
+    # lazy: requests (70 ms) would load at every `temper` start-up
     import requests
-
-    from temper.core.errors import TemperError
 
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
@@ -70,6 +71,7 @@ def mlflow_server_argv(settings, host: str, port: int) -> list[str] | None:
 
 
 def up(args: argparse.Namespace) -> int:
+    # lazy: pydantic_settings (130 ms), via settings, would load at every `temper` start-up
     from temper.core.settings import get_settings
 
     settings = get_settings()
@@ -101,6 +103,7 @@ def up(args: argparse.Namespace) -> int:
         os.environ.update({"PREFECT_API_URL": prefect_url + "/api", "TEMPER_TRACKING_URI": mlflow_url,
                            "PREFECT_HOME": env["PREFECT_HOME"]})
         get_settings.cache_clear()
+        # lazy: prefect+yaml (1.3 s), via deployments, would load at every `temper` start-up
         from prefect import serve
 
         from flows.deployments import read_entries, servable

@@ -17,10 +17,11 @@ import asyncio
 import json
 from pathlib import Path
 
+from temper.core.errors import CatalogError, DatasetError, TemperError
+from temper.verifiers import get_verifier
+
 
 def _records(path: Path) -> list[dict]:
-    from temper.core.errors import DatasetError
-
     try:
         lines = path.read_text().splitlines()
     except OSError as e:
@@ -51,10 +52,9 @@ async def _score_all(verifier, records: list[dict], completions: list[str], conc
 
 def _domain_verifier(args):
     """The verifier training and eval build for ``--domain`` (and the domain's reward weight)."""
-    from temper.data.catalog import load_catalog
-    from temper.core.errors import CatalogError, TemperError
+    # lazy: pydantic_settings+yaml (141 ms), via settings, would load at every `temper` start-up
     from temper.core.settings import get_settings
-    from temper.verifiers import get_verifier
+    from temper.data.catalog import load_catalog
 
     if args.params:
         raise TemperError("--params goes with --verifier; --domain uses the domain's own params")
@@ -67,9 +67,6 @@ def _domain_verifier(args):
 
 
 def verify(args) -> int:
-    from temper.core.errors import TemperError
-    from temper.verifiers import get_verifier
-
     if args.concurrency < 1:
         raise TemperError(f"--concurrency must be >= 1, got {args.concurrency}")
     weight = None

@@ -15,10 +15,10 @@ from dataclasses import dataclass
 
 import pandas as pd
 
-from infra.storage import get_fs
-from temper.data.domain import Domain
+from infra.storage import exists, get_fs, write_bytes_atomic
 from temper.core.errors import DatasetError, StorageError
 from temper.core.settings import Settings, get_settings
+from temper.data.domain import Domain
 
 
 @dataclass(frozen=True)
@@ -142,8 +142,6 @@ def write_dataset(domain: Domain, frame: pd.DataFrame, settings: Settings | None
 
 def write_dataset_bytes(domain: Domain, data: bytes, settings: Settings | None = None) -> tuple[str, str]:
     """Write a domain's serialized dataset to the store; returns (uri, sha256). A changed digest is announced."""
-    from infra.storage import exists, write_bytes_atomic
-
     settings = settings or get_settings()
     uri = domain.dataset_uri(settings.resolved_storage_root)
     previous = dataset_digest(domain, settings) if exists(uri, settings) else None

@@ -13,6 +13,7 @@ from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator,
 
 from temper.core.errors import CatalogError
 from temper.core.templates import template_columns
+from temper.verifiers.registry import known_families
 
 
 class DatasetSpec(BaseModel):
@@ -90,8 +91,6 @@ class Domain(BaseModel):
     @field_validator("verifier")
     @classmethod
     def _known_family(cls, v: VerifierSpec) -> VerifierSpec:
-        from temper.verifiers.registry import known_families
-
         families = known_families()
         if v.family not in families:
             raise ValueError(f"unknown verifier family {v.family!r}; known: {', '.join(sorted(families))}")

@@ -9,15 +9,23 @@ from __future__ import annotations
 
 import json
 import random
+import tempfile
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import pandas as pd
 
+from infra.storage import exists
 from temper.core.errors import DatasetError
 from temper.core.settings import Settings, get_settings
 from temper.data.datasets import dataset_digest, parse_dataset, write_dataset
 from temper.data.domain import Domain
+from temper.data.formats.bfcl import bfcl_frame
+from temper.data.formats.humaneval import humaneval_frame
+from temper.data.formats.nl2bash import vendored_frame
+from temper.data.pack_data import PackResult, generate_pack_datasets
+from temper.data.packs_reasoning_gym import generate_many
 
 GeneratorFn = Callable[[random.Random, int], dict[str, Any]]
 GENERATORS: dict[str, Callable[..., pd.DataFrame]] = {}
@@ -217,12 +225,6 @@ def reasoning_gym(rows: int, seed: int = 0, eval_fraction: float = 0.1, task: st
     `temper data generate` generates pack domains in bulk instead (temper.data.pack_data: parallel,
     cached, contract-checked); this is the one-domain path every other caller gets.
     """
-    import tempfile
-    from pathlib import Path
-
-    from temper.core.errors import DatasetError
-    from temper.data.packs_reasoning_gym import generate_many
-
     if not task:
         raise DatasetError("reasoning_gym generator needs generator_params.task (pack domains set it)")
     name = name or f"rg-{task}-{tier}"
@@ -236,8 +238,6 @@ def reasoning_gym(rows: int, seed: int = 0, eval_fraction: float = 0.1, task: st
 
 
 def generate(name: str, rows: int, seed: int, eval_fraction: float, params: dict[str, Any]) -> pd.DataFrame:
-    from temper.core.errors import DatasetError
-
     try:
         fn = GENERATORS[name]
     except KeyError:
@@ -252,22 +252,16 @@ def generate(name: str, rows: int, seed: int, eval_fraction: float, params: dict
 # only when generated, so loading the catalog never imports them).
 @generator("humaneval")
 def humaneval(rows: int, seed: int = 0, eval_fraction: float = 1.0, **params: Any) -> pd.DataFrame:
-    from temper.data.formats.humaneval import humaneval_frame
-
     return humaneval_frame(rows, seed, eval_fraction, **params)
 
 
 @generator("bfcl")
 def bfcl(rows: int, seed: int = 0, eval_fraction: float = 1.0, **params: Any) -> pd.DataFrame:
-    from temper.data.formats.bfcl import bfcl_frame
-
     return bfcl_frame(rows, seed, eval_fraction, **params)
 
 
 @generator("nl2bash")
 def nl2bash(rows: int, seed: int = 0, eval_fraction: float = 1.0, **params: Any) -> pd.DataFrame:
-    from temper.data.formats.nl2bash import vendored_frame
-
     return vendored_frame(rows, seed, eval_fraction, **params)
 
 
@@ -277,8 +271,6 @@ def generate_domain_dataset(domain: Domain, settings: Settings | None = None, ov
     An existing file is kept unless ``overwrite``: generation is deterministic, so
     rewriting only matters after the generator or its parameters changed.
     """
-    from infra.storage import exists
-
     settings = settings or get_settings()
     if not domain.dataset.generator:
         raise DatasetError(f"domain {domain.name} has no dataset.generator; its data is brought, not generated")
@@ -297,8 +289,6 @@ def generate_datasets(domains: list[Domain], settings: Settings | None = None, *
     order, each also handed to ``progress`` as soon as it is known. Single-file domains go one by one,
     pack domains together (in parallel, cached by their spec, each checked against its contract
     before it is written). Brought datasets are skipped."""
-    from temper.data.pack_data import PackResult, generate_pack_datasets
-
     settings = settings or get_settings()
     show = progress or (lambda _result: None)
     results = {}

@@ -20,8 +20,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from temper.data.domain import Domain
 from temper.core.settings import Settings, get_settings
+from temper.data.domain import Domain
+from temper.data.packs import GENERATION_VERSION, SOURCES, _installed_version, contract_for
+from temper.data.packs_reasoning_gym import generate_many
 
 
 @dataclass
@@ -35,14 +37,13 @@ class PackResult:
 
 
 def spec_key(domain: Domain) -> str:
-    from temper.data.packs import GENERATION_VERSION, SOURCES, _installed_version
-
     body = {"dataset": domain.dataset.model_dump(mode="json"), "eval_fraction": domain.split.eval_fraction,
             "source": _installed_version(SOURCES[domain.dataset.generator]), "layout": GENERATION_VERSION}
     return hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()
 
 
 def _read_text(uri: str, settings: Settings) -> str | None:
+    # lazy: fsspec (60 ms), via storage, would load whenever temper.verifiers.families.doc_qa is imported
     from infra.storage import get_fs
 
     fs, path = get_fs(uri, settings)
@@ -54,8 +55,8 @@ def _read_text(uri: str, settings: Settings) -> str | None:
 
 
 def _contract_error(domain: Domain, data: bytes, runner) -> str | None:
+    # lazy: pandas+fsspec (380 ms), via datasets, would load whenever temper.verifiers.families.doc_qa is imported
     from temper.data.datasets import parse_dataset
-    from temper.data.packs import contract_for
 
     uri = domain.dataset.uri
     report = runner.validate(domain.name, contract_for(domain, {}), parse_dataset(data, "jsonl", uri),
@@ -74,10 +75,10 @@ def generate_pack_datasets(domains: list[Domain], settings: Settings | None = No
 
     ``progress`` sees each generated domain's result as soon as it is stored (kept ones are not reported).
     """
+    # lazy: great_expectations+pandas+fsspec+... (3.9 s), via runner, would load in fast unit tests (test_generators.py)
     from data_contracts.runner import GXRunner
     from infra.storage import write_bytes_atomic
     from temper.data.datasets import write_dataset_bytes
-    from temper.data.packs_reasoning_gym import generate_many
 
     settings = settings or get_settings()
     root = settings.resolved_storage_root
@@ -86,6 +87,7 @@ def generate_pack_datasets(domains: list[Domain], settings: Settings | None = No
     for d in domains:
         uri, key = d.dataset_uri(root), spec_key(d)
         if not overwrite and _read_text(uri + ".spec", settings) == key:
+            # lazy: pandas+fsspec (380 ms), via datasets, would load whenever temper.verifiers.families.doc_qa is imported
             from temper.data.datasets import dataset_digest
 
             results[d.name] = PackResult(d.name, uri, "kept", dataset_digest(d, settings))

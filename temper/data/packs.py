@@ -23,13 +23,14 @@ import hashlib
 import json
 import string
 from functools import lru_cache
+from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from temper.data.domain import Domain, VerifierSpec
 from temper.core.errors import CatalogError, describe_validation_error
+from temper.data.domain import Domain, VerifierSpec
 
 INDEX_DIR = Path(__file__).resolve().parent / "pack_index"
 SOURCES = {"reasoning_gym": "reasoning-gym"}  # pack source -> distribution whose version pins the index
@@ -102,8 +103,6 @@ def is_pack_file(raw: Any) -> bool:
 
 @lru_cache(maxsize=8)
 def _installed_version(distribution: str) -> str | None:
-    from importlib.metadata import PackageNotFoundError, version
-
     try:
         return version(distribution)
     except PackageNotFoundError:
@@ -127,6 +126,7 @@ def pack_digest(pack: Pack) -> str:
 
 
 def _contract_template(pack: Pack, path: Path, contracts_dir: Path) -> dict[str, Any]:
+    # lazy: yaml (11 ms), via config_files, would load in fast unit tests (test_generators.py)
     from temper.core.config_files import read_yaml
 
     tpl = contracts_dir / "templates" / f"{pack.contract_template}.yaml"
@@ -156,6 +156,7 @@ def _check_template(template: str, field: str, keys: set[str], path: Path) -> No
 
 def expand_pack(path: Path | str, raw: dict[str, Any], contracts_dir: Path | None = None) -> list[Domain]:
     """The domains of one pack file; every error names the file, the task and the field."""
+    # lazy: yaml (11 ms), via model, would load in fast unit tests (test_generators.py)
     from data_contracts.model import Contract
 
     path = Path(path)
@@ -186,6 +187,7 @@ def expand_pack(path: Path | str, raw: dict[str, Any], contracts_dir: Path | Non
         if task not in index:
             field = "exclude" if key in pack.exclude else "overrides"
             raise CatalogError(f"{path}: task {task!r}: field '{field}': {pack.source} {installed} has no such task")
+    # lazy: pydantic_settings (130 ms), via settings, would load in fast unit tests (test_catalog.py)
     from temper.core.settings import get_settings
 
     template = _contract_template(pack, path, contracts_dir or get_settings().resolved_contracts_dir)

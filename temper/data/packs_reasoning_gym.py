@@ -17,10 +17,12 @@ from __future__ import annotations
 import json
 import os
 import random
+import selectors
 import subprocess
 import sys
 import time
 from collections.abc import Callable
+from importlib.metadata import version
 from typing import Any
 
 #: Tasks whose entry answer is None, and the metadata key where the generator leaves a solution
@@ -36,13 +38,12 @@ HASH_SEED = "0"
 
 
 def _version() -> str:
-    from importlib.metadata import version
-
     return version("reasoning-gym")
 
 
 def tier_config(task: str, tier: str, rows: int, seed: int):
     """reasoning-gym's config of ``task`` at ``tier`` ('default' = the task's own defaults)."""
+    # lazy: reasoning_gym (1.4 s) only for the runs of `-m temper.data.packs_reasoning_gym` that need it
     from reasoning_gym.factory import CURRICULA, DATASETS
 
     _, config_cls = DATASETS[task]
@@ -62,6 +63,7 @@ def _answer(task: str, entry: dict[str, Any]) -> str:
 
 def generate_rows(domain: str, task: str, tier: str, rows: int, seed: int, eval_fraction: float) -> bytes:
     """The domain's dataset as JSONL bytes (sorted keys, one row a line): same inputs, same bytes."""
+    # lazy: reasoning_gym (1.4 s) only for the runs of `-m temper.data.packs_reasoning_gym` that need it
     from reasoning_gym.factory import DATASETS
 
     config = tier_config(task, tier, rows, seed)
@@ -90,6 +92,7 @@ def _worker() -> None:
     replies = os.fdopen(os.dup(1), "w")
     os.dup2(2, 1)  # some generators print to stdout: keep it out of the reply channel
     sys.stdout = sys.stderr
+    # lazy: reasoning_gym (1.4 s) only for the runs of `-m temper.data.packs_reasoning_gym` that need it
     import reasoning_gym  # noqa: F401 - once per worker, not per job
 
     for line in sys.stdin:
@@ -128,7 +131,6 @@ def generate_many(jobs: list[dict[str, Any]], processes: int = 2,
     replies: dict[str, dict[str, Any]] = {}
     try:
         busy = {}
-        import selectors
 
         sel = selectors.DefaultSelector()
         for p in procs:
@@ -177,6 +179,7 @@ def build_index() -> dict[str, Any]:
     L levels and the configuration it gives is accepted), whether entries carry an oracle answer,
     and the config of each tier (for people reading the pack).
     """
+    # lazy: reasoning_gym (1.4 s) only for the runs of `-m temper.data.packs_reasoning_gym` that need it
     from reasoning_gym.factory import CURRICULA, DATASETS
 
     tasks = {}

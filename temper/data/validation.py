@@ -19,12 +19,14 @@ from pathlib import Path
 
 from data_contracts.model import Contract, load_contracts
 from data_contracts.runner import DomainReport, GXRunner
+from infra.lineage import log_dataset
 from infra.storage import join, put_dir
-from temper.data.domain import Domain
-from temper.data.datasets import load_dataset
 from temper.core.errors import DatasetError
-from temper.data.packs import contract_for
 from temper.core.settings import Settings, get_settings
+from temper.data.datasets import load_dataset
+from temper.data.domain import Domain
+from temper.data.packs import contract_for
+from temper.verifiers import get_verifier
 from temper.core.templates import template_columns
 
 
@@ -63,8 +65,6 @@ def validate_domain(domain: Domain, contract: Contract | None, runner: GXRunner,
 def domain_problems(domain: Domain, contract: Contract) -> list[str]:
     """What the data alone cannot show: a prompt that reads columns the contract does not guarantee,
     and verifier params the verifier refuses. Either would only fail at training time otherwise."""
-    from temper.verifiers import get_verifier
-
     problems = []
     fields = set(template_columns(domain.prompt_template))  # plain names only: Domain checked that on load
     missing = sorted(fields - set(contract.columns))
@@ -122,6 +122,7 @@ def _validate_chunk(pairs: list[tuple[Domain, Contract | None]], settings: Setti
     runner = GXRunner(docs_dir=docs_dir)
     items = pairs
     if progress:
+        # lazy: tqdm (30 ms) would load whenever flows.post_training is imported
         from tqdm import tqdm
 
         items = tqdm(pairs, desc="validate", unit="domain", leave=False, disable=None)  # None: off unless a TTY
@@ -217,8 +218,6 @@ def log_validated_datasets(reports: list[DomainReport], domains: list[Domain], c
     The data is read again for MLflow's dataset profile; if its digest is no longer the
     validated one, the file changed after validation and lineage would lie, so it is an error.
     """
-    from infra.lineage import log_dataset
-
     settings = settings or get_settings()
     by_name = {d.name: d for d in domains}
     for r in reports:
@@ -233,6 +232,7 @@ def log_validated_datasets(reports: list[DomainReport], domains: list[Domain], c
 
 def track_validation(summary: ValidationSummary, domains: list[Domain], settings: Settings | None = None) -> None:
     """Log a validation to the active MLflow run: datasets as inputs, report and Data Docs as artifacts."""
+    # lazy: mlflow (1.6 s) would load whenever flows.post_training is imported
     import mlflow
 
     log_validated_datasets(summary.reports, domains, "validation", settings)

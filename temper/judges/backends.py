@@ -54,6 +54,7 @@ def folder_fingerprint(path: str | Path) -> str:
 def _load(path: str) -> tuple[Any, Any, threading.Lock]:
     with _models_lock:
         if path not in _models:
+            # lazy: transformers (800 ms) would load in fast unit tests (test_judges_calibration.py)
             from transformers import AutoModelForCausalLM, AutoTokenizer
 
             try:
@@ -78,6 +79,7 @@ class LocalBackend:
         return f"hf:{folder_fingerprint(self.path)}"
 
     def _encode(self, tok: Any, model: Any, prompt: str, reserve: int) -> tuple[Any, bool]:
+        # lazy: torch (1.5 s) would load in fast unit tests (test_judges_calibration.py)
         import torch
 
         ids = tok(prompt, add_special_tokens=True)["input_ids"]
@@ -87,6 +89,7 @@ class LocalBackend:
         return torch.tensor([ids[-keep:]]), truncated
 
     def generate(self, prompt: str) -> tuple[str, bool]:
+        # lazy: torch (1.5 s) would load in fast unit tests (test_judges_calibration.py)
         import torch
 
         tok, model, lock = _load(self.path)
@@ -98,6 +101,7 @@ class LocalBackend:
 
     def choose(self, prompt: str, options: list[str]) -> str:
         """The option whose (single) token is most likely next: a greedy score that always parses."""
+        # lazy: torch (1.5 s) would load in fast unit tests (test_judges_calibration.py)
         import torch
 
         tok, model, lock = _load(self.path)
@@ -132,6 +136,7 @@ class EndpointBackend:
         self.client = client
         if client == "auto":
             try:
+                # lazy: probes whether the optional openai package is installed
                 import openai  # noqa: F401
 
                 self.client = "openai"
@@ -146,6 +151,7 @@ class EndpointBackend:
         return (self._openai(prompt) if self.client == "openai" else self._requests(prompt)), False
 
     def _openai(self, prompt: str) -> str:
+        # lazy: probes whether the optional openai package is installed
         import openai
 
         client = openai.OpenAI(base_url=self.base_url, api_key=self.api_key or "EMPTY", timeout=self.timeout_s,
@@ -160,6 +166,7 @@ class EndpointBackend:
         return out.choices[0].text or ""
 
     def _requests(self, prompt: str) -> str:
+        # lazy: requests (70 ms) would load in fast unit tests (test_judges_calibration.py)
         import requests
 
         headers = {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}

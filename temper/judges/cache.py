@@ -22,6 +22,7 @@ log = logging.getLogger(__name__)
 class JudgeCache:
     def __init__(self, root: Path | str | None = None) -> None:
         if root is None:
+            # lazy: pydantic_settings (130 ms), via settings, would load in fast unit tests (test_judges_calibration.py)
             from temper.core.settings import get_settings
 
             root = get_settings().home / "judge_cache"

@@ -21,14 +21,15 @@ from typing import TYPE_CHECKING, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from temper.core.errors import TemperError
+from temper.judges.judge import Judge
 from temper.judges.rubric import CalibrationOverrides, Rubric, Scale
 from temper.judges.stats import cohen_kappa, spearman
 
 if TYPE_CHECKING:
     import pandas as pd
 
-    from temper.data.domain import Domain
     from temper.core.settings import Settings
+    from temper.data.domain import Domain
 
 log = logging.getLogger(__name__)
 
@@ -108,6 +109,7 @@ def log_calibration(domain: str, a: Agreement, policy: CalibrationPolicy, *, rub
                     labels: "pd.DataFrame", labels_uri: str, labels_sha256: str,
                     settings: "Settings | None" = None) -> CalibrationResult:
     """One run in ``judge_calibration``: metrics, thresholds as params, the label dataset as input."""
+    # lazy: mlflow+pydantic_settings (1.7 s), via lineage, would load in fast unit tests (test_judges_calibration.py)
     import mlflow
 
     from infra import lineage
@@ -135,6 +137,7 @@ def log_calibration(domain: str, a: Agreement, policy: CalibrationPolicy, *, rub
 
 def calibration_status(domain_names: list[str], settings: "Settings | None" = None) -> dict[str, CalibrationResult]:
     """The latest finished calibration of each domain ('missing' when there is none)."""
+    # lazy: mlflow+pydantic_settings (1.7 s), via lineage, would load in fast unit tests (test_judges_calibration.py)
     from mlflow.tracking import MlflowClient
 
     from infra import lineage
@@ -164,8 +167,8 @@ def calibration_status(domain_names: list[str], settings: "Settings | None" = No
 
 def domain_policy(domain: "Domain", policy: CalibrationPolicy) -> tuple[CalibrationPolicy, Rubric, str]:
     """A judge domain's effective thresholds, its rubric and its judge identity (raises on bad config)."""
+    # lazy: pandas+pydantic_settings+fsspec (510 ms), via judge, would load in fast unit tests (test_judges_calibration.py)
     from temper.verifiers.families.judge import parse_params
-    from temper.judges.judge import Judge
 
     params, rubric = parse_params(domain.verifier.params)
     return policy.merged(rubric.calibration, params.calibration), rubric, Judge(params.judge).identity

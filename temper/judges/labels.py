@@ -13,10 +13,14 @@ from typing import Any
 
 import pandas as pd
 
+from data_contracts.model import load_contract
+from data_contracts.runner import GXRunner
+from infra.storage import join, write_bytes_atomic
 from temper.core.errors import ContractViolation
+from temper.core.settings import Settings, get_settings
+from temper.data.datasets import serialize_dataset
 from temper.judges.review import JudgedItem
 from temper.judges.rubric import Rubric
-from temper.core.settings import Settings, get_settings
 
 CONTRACT = "human_labels"
 
@@ -32,9 +36,6 @@ def label_record(item: JudgedItem, rubric: Rubric, score: int, comment: str, flo
 
 def validate_labels(frame: pd.DataFrame, uri: str, sha256: str, settings: Settings | None = None) -> None:
     """Run the human_labels contract through GX; ContractViolation lists what failed."""
-    from data_contracts.model import load_contract
-    from data_contracts.runner import GXRunner
-
     settings = settings or get_settings()
     contract = load_contract(settings.resolved_contracts_dir / f"{CONTRACT}.yaml")
     report = GXRunner().validate(CONTRACT, contract, frame, dataset_uri=uri, digest=sha256)
@@ -46,9 +47,6 @@ def validate_labels(frame: pd.DataFrame, uri: str, sha256: str, settings: Settin
 def write_labels(domain: str, records: list[dict[str, Any]], settings: Settings | None = None
                  ) -> tuple[str, str, pd.DataFrame]:
     """Validate and store one session's labels; returns (uri, sha256, frame)."""
-    from infra.storage import join, write_bytes_atomic
-    from temper.data.datasets import serialize_dataset
-
     settings = settings or get_settings()
     frame = pd.DataFrame.from_records(records)
     data = serialize_dataset(frame, "jsonl")

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 from pathlib import Path
 from typing import Any, Literal
 
@@ -54,8 +55,6 @@ class Scale(BaseModel):
 
     def to_point(self, normalized: float) -> int:
         """A [0, 1] score -> the nearest scale point (half up): the bin kappa compares."""
-        import math
-
         return int(math.floor(self.min + normalized * (self.max - self.min) + 0.5))
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from infra import lineage
 from temper.registry.samples import DOMAIN_TAG as TAG_DOMAIN
 from temper.registry.samples import LABEL_TAG as TAG_LABEL  # 'base' or 'candidate': which model was scored
 from temper.registry.samples import log_eval_samples
@@ -17,9 +18,8 @@ from temper.registry.samples import log_eval_samples
 
 def record_eval(result: dict[str, Any], label: str, parent_run_id: str, experiment: str = "post_training") -> str:
     """Log one domain's eval result as a child run of ``parent_run_id``; returns the run id."""
+    # lazy: mlflow (1.6 s) would load whenever flows.evaluate is imported
     import mlflow
-
-    from infra import lineage
 
     lineage.configure()
     run_id = lineage.open_run(experiment, f"eval-{label}-{result['domain']}", parent_run_id=parent_run_id, tags={

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
-from data_contracts.runner import DomainReport
+import csv
+import io
 
+from data_contracts.runner import DomainReport
 
 # Past this many domains a report summarises; the full per-domain table goes to MLflow (CSV) and
 # to a Prefect table artifact, where a person can sort and search it.
@@ -44,9 +46,6 @@ def domain_rows(before: dict[str, float], after: dict[str, float], champion: dic
 
 
 def domain_csv(rows: list[dict]) -> str:
-    import csv
-    import io
-
     out = io.StringIO()
     writer = csv.DictWriter(out, fieldnames=["domain", "base", "candidate", "delta", "champion"])
     writer.writeheader()

@@ -13,10 +13,12 @@ from typing import Any
 
 from infra.lineage import MLFLOW_DIGEST_LEN
 from temper.core.errors import TrackingError
+from temper.registry.samples import lifecycle_run_id
 
 
 def latest_version(model_name: str) -> Any | None:
     """The model's highest-numbered version (any alias, or none); None when nothing is registered."""
+    # lazy: mlflow (1.6 s) would load whenever flows.retrain is imported
     from mlflow.exceptions import MlflowException
     from mlflow.tracking import MlflowClient
 
@@ -29,9 +31,8 @@ def latest_version(model_name: str) -> Any | None:
 
 def trained_digests(mv: Any) -> dict[str, str]:
     """domain -> dataset digest the version was trained on ({} when its lifecycle run is unknown)."""
+    # lazy: mlflow (1.6 s) would load whenever flows.retrain is imported
     from mlflow.tracking import MlflowClient
-
-    from temper.registry.samples import lifecycle_run_id
 
     run_id = lifecycle_run_id(mv)
     if run_id is None:

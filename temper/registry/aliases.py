@@ -26,8 +26,15 @@ from temper.registry.audit import AUDIT_TAG, VERSION_AUDIT_TAG, AuditEvent, audi
 from temper.registry.gate import GateDecision, PromotionPolicy, decide
 from temper.registry.lock import model_lock
 from temper.registry.samples import version_samples
-from temper.registry.store import (GateBlocked, RegistryOpError, aliases_of, client, mlflow_message,
-                                   registered_model, version_of)
+from temper.registry.store import (
+    GateBlocked,
+    RegistryOpError,
+    aliases_of,
+    client,
+    mlflow_message,
+    registered_model,
+    version_of,
+)
 from temper.registry.tags import mean_rewards
 from temper.registry.versions import resolve_version
 
@@ -108,6 +115,7 @@ def _move_alias(c: Any, model: str, alias: str, version: str, previous: str | No
     Order matters: an event for a move that never happened would send a later rollback to
     a version that never held the alias.
     """
+    # lazy: mlflow (1.6 s) would load in fast unit tests (test_domain_roles.py)
     from mlflow.exceptions import MlflowException
 
     try:
@@ -169,6 +177,7 @@ def record_flow_alias(c: Any, model: str, alias: str, version: str | int, *, rea
 
 def rollback(model: str, *, alias: str = "champion", reason: str = "rollback") -> AliasChange:
     """Move ``alias`` back to its previous holder per the audit trail; no gate."""
+    # lazy: mlflow (1.6 s) would load in fast unit tests (test_domain_roles.py)
     from mlflow.exceptions import MlflowException
 
     reason = _check_reason(reason)

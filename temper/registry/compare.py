@@ -4,9 +4,14 @@ so a +0.02 on 64 samples is not mistaken for progress; recorded as a table and c
 from __future__ import annotations
 
 import fnmatch
+import tempfile
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Any
 
+import numpy as np
+
+from infra import lineage
 from temper.registry.bootstrap import CONFIDENCE, DeltaInterval, bootstrap_delta
 from temper.registry.samples import version_samples
 from temper.registry.store import RegistryOpError, client, version_of
@@ -112,11 +117,12 @@ def format_comparison(cmp: Comparison) -> str:
 
 def comparison_chart(cmp: Comparison, path: str) -> None:
     """Pass rate and mean reward per domain (A vs B), and the mean-reward delta with its bootstrap CI."""
+    # lazy: matplotlib (600 ms) would load in fast unit tests (test_registry_ops_units.py)
     import matplotlib
 
     matplotlib.use("Agg")
+    # lazy: matplotlib (600 ms) would load in fast unit tests (test_registry_ops_units.py)
     import matplotlib.pyplot as plt
-    import numpy as np
 
     domains = [r.domain for r in cmp.rows]
     x = np.arange(len(domains))
@@ -144,11 +150,6 @@ def comparison_chart(cmp: Comparison, path: str) -> None:
 
 def log_comparison(cmp: Comparison) -> str:
     """One run in the ``registry_ops`` experiment with the table (JSON) and the chart (PNG)."""
-    import tempfile
-    from pathlib import Path
-
-    from infra import lineage
-
     run_id = lineage.open_run(COMPARE_EXPERIMENT, f"compare-{cmp.model}-v{cmp.a}-v{cmp.b}", tags={
         lineage.TAG_KIND: "ops", lineage.TAG_STAGE: "compare", "temper.model": cmp.model,
         "temper.compare.a": cmp.a, "temper.compare.b": cmp.b})

@@ -57,6 +57,7 @@ def regressions(deltas: dict[str, float], candidate_samples: dict[str, Samples],
     """(domains that regressed, p-values of the tested ones); worst first."""
     # scipy.stats costs ~0.8 s to import (measured with -X importtime); PromotionPolicy is a field of
     # the flow parameters that every CLI command loads, so the statistics load only when a gate runs.
+    # lazy: scipy+numpy (200 ms), via bootstrap, would load at every `temper` start-up
     from temper.registry.bootstrap import bonferroni, bootstrap_delta, holm
 
     p_values = {}

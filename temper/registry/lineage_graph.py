@@ -16,10 +16,13 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
+import tempfile
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from infra import lineage
 from infra.lineage import TAG_STAGE, DatasetRef, RunNode
 from temper.registry.samples import is_version_eval, lifecycle_run_id, stage_runs
 from temper.registry.store import aliases_of, client, version_of
@@ -175,8 +178,6 @@ def assemble(ref: str, version: VersionInfo, lifecycle: RunNode | None, stages: 
 
 def build_graph(ref: str) -> LineageGraph:
     """Resolve ``MODEL@ALIAS`` or ``MODEL/VERSION`` and gather its lifecycle's runs from MLflow."""
-    from infra import lineage
-
     mv = resolve_ref(client(), ref)
     version = VersionInfo(name=mv.name, version=version_of(mv),
                           aliases=sorted(a for a, v in aliases_of(client().get_registered_model(mv.name)).items()
@@ -226,9 +227,11 @@ _PNG_COLORS = {"dataset": "#dbeafe", "validation": "#fef3c7", "sft": "#e0e7ff", 
 
 def render_png(g: LineageGraph, path: str | Path) -> Path:
     """Fixed layered layout: one column per present kind (LAYERS order), nodes spread vertically."""
+    # lazy: matplotlib (600 ms) would load in fast unit tests (test_registry_ops_units.py)
     import matplotlib
 
     matplotlib.use("Agg")
+    # lazy: matplotlib (600 ms) would load in fast unit tests (test_registry_ops_units.py)
     import matplotlib.pyplot as plt
 
     columns = [[n for n in g.nodes.values() if n.kind == k] for k in LAYERS]
@@ -258,6 +261,7 @@ def render_png(g: LineageGraph, path: str | Path) -> Path:
 
 def attach(g: LineageGraph, run_id: str, png: Path | None = None) -> list[str]:
     """Log the graph (JSON, mermaid, DOT, and the PNG if rendered) to ``run_id``; returns artifact paths."""
+    # lazy: mlflow (1.6 s) would load in fast unit tests (test_registry_ops_units.py)
     from mlflow.tracking import MlflowClient
 
     client = MlflowClient()
@@ -267,9 +271,6 @@ def attach(g: LineageGraph, run_id: str, png: Path | None = None) -> list[str]:
     client.log_text(run_id, to_dot(g), f"{ARTIFACT_DIR}/graph.dot")
     written += [f"{ARTIFACT_DIR}/graph.{ext}" for ext in ("json", "mmd", "dot")]
     if png is not None:
-        import shutil
-        import tempfile
-
         with tempfile.TemporaryDirectory() as tmp:  # one name in the UI, whatever --out was
             shutil.copyfile(png, Path(tmp) / "graph.png")
             client.log_artifact(run_id, str(Path(tmp) / "graph.png"), ARTIFACT_DIR)

@@ -32,6 +32,7 @@ def lock_name(model: str) -> str:
 
 
 def _try_create(c: Any, name: str, token: str) -> bool:
+    # lazy: mlflow (1.6 s) would load in fast unit tests (test_domain_roles.py)
     from mlflow.exceptions import MlflowException
 
     try:
@@ -45,6 +46,7 @@ def _try_create(c: Any, name: str, token: str) -> bool:
 
 
 def _break_if_stale(c: Any, name: str, stale_after: float) -> None:
+    # lazy: mlflow (1.6 s) would load in fast unit tests (test_domain_roles.py)
     from mlflow.exceptions import MlflowException
 
     try:
@@ -59,6 +61,7 @@ def _break_if_stale(c: Any, name: str, stale_after: float) -> None:
 @contextmanager
 def model_lock(c: Any, model: str, *, timeout: float = TIMEOUT_S, stale_after: float = STALE_AFTER_S) -> Iterator[None]:
     """Hold ``temper-lock.<model>`` for the duration of the block (blocking, up to ``timeout`` seconds)."""
+    # lazy: mlflow (1.6 s) would load in fast unit tests (test_domain_roles.py)
     from mlflow.exceptions import MlflowException
 
     name, token = lock_name(model), uuid.uuid4().hex

@@ -23,6 +23,8 @@ from importlib.metadata import version as dist_version
 from pathlib import Path
 from typing import Any
 
+from huggingface_hub import ModelCard
+
 from temper.core.errors import TrackingError
 
 TASK = "text-generation"
@@ -50,14 +52,13 @@ class EvalMetrics:
 
 def _card(model_dir: Path, description: str) -> Any:
     """A model card written with the model: without one, MLflow asks the Hugging Face Hub for it."""
-    from huggingface_hub import ModelCard
-
     return ModelCard(f"---\nlibrary_name: transformers\npipeline_tag: {TASK}\ntags: [temper]\n---\n"
                      f"# {model_dir.name}\n\n{description}\n")
 
 
 def _dataset_entity(m: EvalMetrics) -> Any:
     """The MLflow dataset a metric refers to: name = domain, digest = sha256[:32] (as in lineage)."""
+    # lazy: mlflow+pydantic_settings (1.7 s), via lineage, would load in fast unit tests (test_domain_roles.py)
     from mlflow.data.dataset_source_registry import resolve_dataset_source
     from mlflow.entities import Dataset
 
@@ -77,6 +78,7 @@ def log_hf_model(model_dir: str | Path, *, example_prompt: str = DEFAULT_EXAMPLE
     a request may override them through the signature's params. Each domain's metrics are
     linked to the model and to that domain's eval dataset. Call inside an active MLflow run.
     """
+    # lazy: mlflow+transformers (2.4 s) would load in fast unit tests (test_domain_roles.py)
     import mlflow
     from mlflow.models import infer_signature
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -112,6 +114,7 @@ def hf_folder(source: str, target: str | Path) -> Path:
     The download goes to ``<target>.partial`` first, so an interrupted fetch is never taken
     for a model.
     """
+    # lazy: mlflow (1.6 s) would load in fast unit tests (test_domain_roles.py)
     from mlflow.artifacts import download_artifacts
     from mlflow.exceptions import MlflowException
     from mlflow.models import Model

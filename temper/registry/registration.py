@@ -20,6 +20,7 @@ from temper.registry.tags import eval_tags, mean_rewards
 
 def champion(model_name: str, alias: str = "champion") -> Any | None:
     """The alias holder (an MLflow ModelVersion), or None when there is none yet."""
+    # lazy: mlflow (1.6 s) would load in fast unit tests (test_domain_roles.py)
     from mlflow.exceptions import MlflowException
 
     try:
@@ -54,6 +55,7 @@ def run_samples(results: list[dict[str, Any]]) -> dict[str, Samples]:
 
 def ensure_registered_model(c: Any, model_name: str) -> None:
     """Create the registered model unless it exists: every registering path goes through here."""
+    # lazy: mlflow (1.6 s) would load in fast unit tests (test_domain_roles.py)
     from mlflow.exceptions import MlflowException
 
     try:

@@ -31,6 +31,7 @@ def log_eval_samples(domain: str, rewards: Samples) -> str:
     at ``eval/<domain>.jsonl``. Mean reward and pass rate on the version are summaries; these
     samples are what ``temper models compare`` and the gate bootstrap their intervals from.
     """
+    # lazy: mlflow (1.6 s) would load in fast unit tests (test_domain_roles.py)
     import mlflow
 
     if mlflow.active_run() is None:
@@ -53,6 +54,7 @@ def parse_eval_samples(text: str) -> Samples:
 
 def eval_samples(run_id: str, domain: str) -> Samples | None:
     """Per-sample rewards of ``domain`` logged on run ``run_id``; None when that run has none."""
+    # lazy: mlflow (1.6 s) would load in fast unit tests (test_domain_roles.py)
     import mlflow
     from mlflow.exceptions import MlflowException
 

@@ -33,6 +33,7 @@ class GateBlocked(RegistryOpError):
 
 
 def client() -> Any:
+    # lazy: mlflow (1.6 s) would load in fast unit tests (test_domain_roles.py)
     from mlflow.tracking import MlflowClient
 
     return MlflowClient()
@@ -54,6 +55,7 @@ def aliases_of(rm: Any) -> dict[str, str]:
 
 
 def registered_model(c: Any, model: str) -> Any:
+    # lazy: mlflow (1.6 s) would load in fast unit tests (test_domain_roles.py)
     from mlflow.exceptions import MlflowException
 
     try:

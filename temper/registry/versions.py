@@ -26,6 +26,7 @@ def all_versions(c: Any, model: str) -> list[Any]:
 
 def resolve_version(c: Any, model: str, ref: str | int) -> Any:
     """``ref`` = a version number ('3', 'v3', 3) or an alias; the error lists what does exist."""
+    # lazy: mlflow (1.6 s) would load at every `temper` start-up (commands/models.py imports this module)
     from mlflow.exceptions import MlflowException
 
     rm = registered_model(c, model)
@@ -86,6 +87,7 @@ def _iso(ms: int | None) -> str:
 
 def _datasets_of(model: str, version: str) -> list[dict[str, str]]:
     """Datasets on the version's run and its ancestors (the lifecycle run holds the training data)."""
+    # lazy: pydantic_settings (130 ms), via lineage, would load in fast unit tests (test_training_charts.py)
     from infra import lineage
 
     node = lineage.lineage_tree(f"{model}/{version}").run

@@ -19,7 +19,11 @@ import threading
 from dataclasses import dataclass
 from typing import Any
 
+from openai import OpenAI
+
 from temper.rollout.config import RolloutSettings
+from temper.rollout.engine import Engine
+from temper.rollout.server import EmbeddedServer
 
 
 @dataclass(frozen=True)
@@ -36,15 +40,10 @@ class Completion:
 
 class RolloutClient:
     def __init__(self, settings: RolloutSettings | None = None, **overrides: Any) -> None:
-        from openai import OpenAI
-
         self.settings = settings or RolloutSettings(**overrides)
         self._server = None
         base_url = self.settings.base_url
         if base_url is None:
-            from temper.rollout.engine import Engine
-            from temper.rollout.server import EmbeddedServer
-
             self._server = EmbeddedServer(Engine(self.settings.engine_config()))
             base_url = self._server.start()
         self.base_url = base_url

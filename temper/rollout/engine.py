@@ -26,8 +26,16 @@ import torch
 from temper.rollout.config import EngineConfig
 from temper.rollout.decoding import SampleText, SamplingParams, StopChecker, next_tokens
 from temper.rollout.errors import EngineClosed
+from temper.rollout.fast import SpeculativeDecoder
 from temper.rollout.kv_cache import PrefixKVCache, cache_from, kv_of
-from temper.rollout.requests import Delta, EngineRequest, Event, Finished, RequestResult, Sink  # noqa: F401 (re-exported: the engine's public types)
+from temper.rollout.requests import (  # noqa: F401 (re-exported: the engine's public types)
+    Delta,
+    EngineRequest,
+    Event,
+    Finished,
+    RequestResult,
+    Sink,
+)
 from temper.rollout.scheduler import Lane, Scheduler, StepEvent
 
 log = logging.getLogger(__name__)
@@ -35,6 +43,7 @@ log = logging.getLogger(__name__)
 
 class Engine:
     def __init__(self, config: EngineConfig, model=None, tokenizer=None, draft=None) -> None:
+        # lazy: transformers (800 ms) would load whenever temper.rollout.client is imported
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
         self.config = config
@@ -51,8 +60,6 @@ class Engine:
         pc = config.prefix_cache
         self.prefix_cache = PrefixKVCache(pc.budget_bytes) if pc.enabled else None
         if config.profile == "fast":
-            from temper.rollout.fast import SpeculativeDecoder
-
             self.decoder = SpeculativeDecoder(self, config.speculative, draft)
         else:
             self.decoder = StandardDecoder(self)
@@ -350,6 +357,7 @@ def _eos_ids(model, tokenizer) -> set[int]:
 
 
 def _require_full_attention(model) -> None:
+    # lazy: transformers (800 ms) would load whenever temper.rollout.client is imported
     from transformers import DynamicCache
     from transformers.cache_utils import DynamicLayer
 

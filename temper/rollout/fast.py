@@ -30,12 +30,12 @@ from temper.rollout.config import SpeculativeConfig
 from temper.rollout.requests import DecoderHost, EngineRequest
 
 
-
 class SpeculativeDecoder:
     needs_prefill = False  # assisted generate encodes the prompt itself (see module docstring)
     supports_logprobs = False  # generate() would need output_scores; the fast profile serves eval, not GRPO
 
     def __init__(self, engine: DecoderHost, spec: SpeculativeConfig, draft=None) -> None:
+        # lazy: transformers (800 ms) would load whenever temper.rollout.client is imported
         from transformers import GenerationConfig
 
         self.engine, self.spec = engine, spec
@@ -88,6 +88,7 @@ def _pad_id(engine: DecoderHost) -> int:
 def load_draft(spec: SpeculativeConfig, target):
     """The draft the config names: its folder (in the target's dtype), int8-quantized if asked; or an int8 copy
     of the target when no folder is given."""
+    # lazy: transformers (800 ms) would load whenever temper.rollout.client is imported
     from transformers import AutoModelForCausalLM
 
     draft = AutoModelForCausalLM.from_pretrained(spec.draft_dir, dtype=target.dtype) if spec.draft_dir else target
@@ -101,6 +102,7 @@ def load_draft(spec: SpeculativeConfig, target):
 
 def derive_layer_draft(target_dir: str | Path, out_dir: str | Path, keep_layers: int) -> Path:
     """Write a draft that is the target with only its first ``keep_layers`` decoder layers (tokenizer copied)."""
+    # lazy: transformers (800 ms) would load whenever temper.rollout.client is imported
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     model = AutoModelForCausalLM.from_pretrained(target_dir)

@@ -211,6 +211,7 @@ def kv_of(cache, batch_index: int = 0) -> LayerKV:
 
 
 def _growable_layer_class():
+    # lazy: transformers (800 ms) would load in fast unit tests (test_rollout_kv_cache.py)
     from transformers.cache_utils import DynamicLayer
 
     class GrowableLayer(DynamicLayer):
@@ -259,6 +260,7 @@ def cache_from(kv: LayerKV | None, config, reserve: int = 0):
     """A ``DynamicCache`` of growable full-attention layers with room for ``reserve`` positions, pre-filled
     with ``kv`` (or empty)."""
     global _GROWABLE
+    # lazy: transformers (800 ms) would load in fast unit tests (test_rollout_kv_cache.py)
     from transformers import DynamicCache
 
     if _GROWABLE is None:

@@ -15,9 +15,11 @@ import json
 import time
 from typing import Any
 
+from mlflow.tracking import MlflowClient
 from pydantic import BaseModel, Field
 
 from temper.core.errors import TemperError
+from temper.registry.registration import ensure_registered_model
 from temper.rollout.decoding import SamplingParams
 from temper.rollout.engine import Engine
 
@@ -97,10 +99,6 @@ def register_serving_profiles(model_name: str, source: str, report: ParityReport
 
     MLflow must already point at the tracking store (``infra.lineage.configure``).
     """
-    from mlflow.tracking import MlflowClient
-
-    from temper.registry.registration import ensure_registered_model
-
     client = MlflowClient()
     ensure_registered_model(client, model_name)
     std = client.create_model_version(name=model_name, source=source, run_id=run_id,

@@ -256,6 +256,7 @@ class EmbeddedServer:
         return f"http://{self.host}:{self.port}/v1"
 
     def start(self) -> str:
+        # lazy: uvicorn (100 ms) would load whenever temper.rollout.client is imported
         import uvicorn
 
         sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)

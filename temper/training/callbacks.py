@@ -15,14 +15,18 @@ from typing import Any, Callable
 
 from transformers import TrainerCallback
 
+from infra import lineage
 from temper.core.settings import Settings
 from temper.training import checkpoint as ckpt
+from temper.training.charts import domain_heatmap_png, domain_table_csv, read_metrics
 from temper.training.config import TrainConfig
+from temper.training.export import log_and_register, reward_curve_png
 from temper.training.progress import progress_line
 from temper.training.rewards import DomainRewards, merge_summaries
 
 
 def _dist():
+    # lazy: torch (1.5 s) would load in fast unit tests (test_domain_roles.py)
     import torch.distributed as dist
 
     return dist if dist.is_available() and dist.is_initialized() else None
@@ -76,9 +80,8 @@ class TemperCallback(TrainerCallback):
         self._step_begin = state.global_step  # > 0 when resumed: the ETA counts this process's pace only
 
     def _start_mlflow(self) -> None:
+        # lazy: mlflow (1.6 s) would load in fast unit tests (test_domain_roles.py)
         import mlflow
-
-        from infra import lineage
 
         lineage.configure(self.settings)
         lineage.use_experiment(self.cfg.mlflow_experiment, self.settings)
@@ -129,6 +132,7 @@ class TemperCallback(TrainerCallback):
             print(progress_line(self.cfg.mode, state.global_step, state.max_steps, row, now - self._t_begin,
                                 state.global_step - self._step_begin), flush=True)
         if self.mlflow_run is not None:
+            # lazy: mlflow (1.6 s) would load in fast unit tests (test_domain_roles.py)
             import mlflow
 
             mlflow.log_metrics({k.replace("/", "_") if k.startswith(("reward/", "pass_rate/", "none_rate/")) else k: v
@@ -152,11 +156,8 @@ class TemperCallback(TrainerCallback):
         """Rank 0: reward-curve artifact, model folder logged and registered."""
         if self.mlflow_run is None:
             return
+        # lazy: mlflow (1.6 s) would load in fast unit tests (test_domain_roles.py)
         import mlflow
-
-        from temper.training.export import log_and_register, reward_curve_png
-
-        from temper.training.charts import domain_heatmap_png, domain_table_csv, read_metrics
 
         png = reward_curve_png(self.out / "metrics.jsonl", self.out / "reward_curve.png")
         if png is not None:

@@ -47,9 +47,11 @@ def domain_heatmap_png(rows: list[dict], out_png: str | Path) -> Path | None:
     steps = sorted({r["step"] for r in rows if "step" in r and any(k.startswith("reward/") for k in r)})
     if len(names) < 2 or not steps:
         return None
+    # lazy: matplotlib (600 ms) would load in fast unit tests (test_domain_roles.py)
     import matplotlib
 
     matplotlib.use("Agg")
+    # lazy: matplotlib+numpy (700 ms) would load in fast unit tests (test_domain_roles.py)
     import matplotlib.pyplot as plt
     import numpy as np
 

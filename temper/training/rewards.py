@@ -15,6 +15,8 @@ import json
 from collections import defaultdict
 from typing import Any
 
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
 from temper.data.domain import Domain
 from temper.verifiers.registry import get_verifier
 
@@ -95,8 +97,8 @@ def greedy_mean_reward(model_dir: str, domains: list[Domain], frames: dict[str, 
 
     Single process, plain transformers: this is how a result is judged outside training.
     """
+    # lazy: torch (1.5 s) would load in fast unit tests (test_domain_roles.py)
     import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(model_dir)
     tok.padding_side = "left"

@@ -16,15 +16,19 @@ import logging
 from pathlib import Path
 from typing import Any
 
-from temper.data.catalog import load_catalog, refuse_eval_only, select_domains
+from transformers import AutoModelForCausalLM, AutoTokenizer
+from transformers.trainer_callback import PrinterCallback
 
-from temper.data.domain import Domain
+from infra.storage import get_fs
 from temper.core.settings import Settings, get_settings
+from temper.data.catalog import load_catalog, refuse_eval_only, select_domains
+from temper.data.domain import Domain
 from temper.training import checkpoint as ckpt
 from temper.training.callbacks import TemperCallback
 from temper.training.config import TrainConfig, TrainingError
 from temper.training.deepspeed import write_launch_configs
 from temper.training.mixing import DomainMixSampler
+from temper.training.rewards import DomainRewards
 
 log = logging.getLogger("temper.train")
 
@@ -36,7 +40,6 @@ def resolve_model(uri: str, settings: Settings) -> str:
         if not (path / "config.json").exists():
             raise TrainingError(f"base_model {uri}: no config.json there (expected an HF model folder)")
         return str(path)
-    from infra.storage import get_fs
 
     target = settings.home.resolve() / "cache" / "models" / hashlib.sha256(uri.encode()).hexdigest()[:16]
     if not (target / "config.json").exists():
@@ -51,6 +54,7 @@ def resolve_model(uri: str, settings: Settings) -> str:
 
 def load_domains(cfg: TrainConfig, settings: Settings) -> tuple[list[Domain], dict[str, Any], dict[str, str], dict[str, str]]:
     """Domains, their train splits, dataset digests and source URIs."""
+    # lazy: pandas (320 ms), via datasets, would load in fast unit tests (test_domain_roles.py)
     from temper.data.datasets import load_dataset
 
     catalog = load_catalog(cfg.catalog_dir or settings.catalog_dir)
@@ -120,9 +124,11 @@ def _args(cfg: TrainConfig, ds_json: str | None):
         accelerator_config={"use_configured_state": True},
     )
     if cfg.mode == "sft":
+        # lazy: trl (200 ms) would load in fast unit tests (test_domain_roles.py)
         from trl import SFTConfig
 
         return SFTConfig(max_length=s.max_length, completion_only_loss=True, packing=False, **common)
+    # lazy: trl (200 ms) would load in fast unit tests (test_domain_roles.py)
     from trl import GRPOConfig
 
     return GRPOConfig(num_generations=s.num_generations, max_completion_length=s.max_completion_length,
@@ -132,10 +138,9 @@ def _args(cfg: TrainConfig, ds_json: str | None):
 
 def train(cfg: TrainConfig, settings: Settings | None = None) -> dict[str, Any]:
     """Run (or resume) the configured training on this rank; returns rank-local results."""
+    # lazy: torch+datasets (2.4 s) would load in fast unit tests (test_domain_roles.py)
     import datasets
     import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-    from transformers.trainer_callback import PrinterCallback
 
     settings = settings or get_settings()
     domains, frames, digests, uris = load_domains(cfg, settings)
@@ -144,6 +149,7 @@ def train(cfg: TrainConfig, settings: Settings | None = None) -> dict[str, Any]:
     if cfg.deepspeed:
         ds_path, _ = write_launch_configs(cfg, Path(cfg.output_dir) / "launch")
         ds_json = str(ds_path)
+    # lazy: accelerate (1.7 s) would load in fast unit tests (test_domain_roles.py)
     from accelerate import PartialState
 
     # On CPU, the Trainer would build its own state with no backend (world size 1) or, with
@@ -178,14 +184,14 @@ def train(cfg: TrainConfig, settings: Settings | None = None) -> dict[str, Any]:
 
     rewards = None
     if cfg.mode == "sft":
+        # lazy: trl (200 ms) would load in fast unit tests (test_domain_roles.py)
         from trl import SFTTrainer
 
         trainer = SFTTrainer(model=model, args=args, train_dataset=train_ds.remove_columns(["domain"]),
                              processing_class=tokenizer)
     else:
+        # lazy: trl (200 ms) would load in fast unit tests (test_domain_roles.py)
         from trl import GRPOTrainer
-
-        from temper.training.rewards import DomainRewards
 
         rewards = DomainRewards(domains)
         trainer = GRPOTrainer(model=model, args=args, train_dataset=train_ds, reward_funcs=[rewards],

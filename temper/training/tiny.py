@@ -11,6 +11,8 @@ from __future__ import annotations
 import string
 from pathlib import Path
 
+from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
+
 SPECIAL = ["<pad>", "<s>", "</s>", "<unk>"]
 CHARS = [c for c in string.printable if c not in "\r\x0b\x0c"]
 CHAT_TEMPLATE = (
@@ -20,7 +22,7 @@ CHAT_TEMPLATE = (
 
 
 def build_tokenizer():
-    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
+    # lazy: transformers (800 ms) would load whenever flows.post_training is imported
     from transformers import PreTrainedTokenizerFast
 
     vocab = {tok: i for i, tok in enumerate(SPECIAL + CHARS)}
@@ -37,6 +39,7 @@ def build_tokenizer():
 def init_tiny(out: str | Path, hidden: int = 64, layers: int = 2, heads: int = 4, max_positions: int = 512,
               seed: int = 0) -> Path:
     """Write a random tiny Llama + tokenizer as a normal HF folder (reloads with from_pretrained)."""
+    # lazy: torch+transformers (2.3 s) would load whenever flows.post_training is imported
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 

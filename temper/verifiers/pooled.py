@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+from infra.sandbox.pool import PoolFull, QueueTimeout
 from temper.verifiers.base import Verdict, Verifier
 
 log = logging.getLogger(__name__)
@@ -25,8 +26,6 @@ class PooledVerifier(Verifier):
         raise NotImplementedError
 
     def score(self, record: dict[str, Any], completion: str) -> Verdict | None:
-        from infra.sandbox.pool import PoolFull, QueueTimeout
-
         early, job = self._prepare(record, completion)
         if job is None:
             return early
@@ -39,8 +38,6 @@ class PooledVerifier(Verifier):
         return self._verdict(result, context)
 
     async def ascore(self, record: dict[str, Any], completion: str) -> Verdict | None:
-        from infra.sandbox.pool import PoolFull, QueueTimeout
-
         early, job = self._prepare(record, completion)
         if job is None:
             return early

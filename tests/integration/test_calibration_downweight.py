@@ -55,16 +55,16 @@ def test_downweighted_judge_domain_is_sampled_at_its_reduced_weight_by_grpo(temp
     params = PostTrainingParams(domains=["arithmetic", "summaries"])
     kept, weights, flagged = calibration_gate.fn(refs, params.mixing_weights, catalog_dir=str(catalog_dir))
     assert [r.name for r in kept] == ["arithmetic", "summaries"]
-    assert weights == {"summaries": 0.05}  # 0.2 x 0.25; arithmetic keeps its catalog ratio implicitly
+    assert weights == pytest.approx({"summaries": 0.05})  # 0.2 x 0.25; arithmetic keeps its catalog ratio implicitly
     assert flagged["summaries"].startswith("down-weighted: sampling weight 0.2 -> 0.05")
 
     grpo = stage_config("grpo", params, "/sft", "pt-x", tmp_path, mixing_weights=weights)
     sft = stage_config("sft", params, "/base", "pt-x", tmp_path)
-    assert grpo.mixing_weights == {"summaries": 0.05} and sft.mixing_weights == {}  # the gate is about RL rewards
+    assert grpo.mixing_weights == pytest.approx({"summaries": 0.05}) and sft.mixing_weights == {}  # the gate is about RL rewards
     catalog = load_catalog(catalog_dir)
     domains = [catalog["arithmetic"], catalog["summaries"]]
     sampler = new_sampler(grpo, domains, {"arithmetic": [0] * 500, "summaries": [0] * 500})
-    assert sampler.ratios == {"arithmetic": 0.4, "summaries": 0.05}
+    assert sampler.ratios == pytest.approx({"arithmetic": 0.4, "summaries": 0.05})
     share = collections.Counter(name for name, _ in sampler.take(9000))["summaries"] / 9000
     assert abs(share - 0.05 / 0.45) < 0.02  # ~11%, not the 33% of the catalog ratios
 
@@ -76,7 +76,7 @@ def test_requested_weights_are_the_base_of_the_downweight_and_excluded_domains_l
     refs = _refs(downweight)
     requested = {"arithmetic": 2.0, "summaries": 1.0}
     _, weights, _ = calibration_gate.fn(refs, requested, catalog_dir=str(downweight))
-    assert weights == {"arithmetic": 2.0, "summaries": 0.25}
+    assert weights == pytest.approx({"arithmetic": 2.0, "summaries": 0.25})
     kept, weights, flagged = calibration_gate.fn(refs, requested, catalog_dir=str(_catalog(tmp_path, "exclude")))
     assert [r.name for r in kept] == ["arithmetic"] and weights == {"arithmetic": 2.0}  # no weight for a dropped domain
     assert flagged["summaries"] == "judge never calibrated against human labels"

@@ -93,7 +93,7 @@ def test_unparseable_scores_are_errors_not_guesses(text, match):
 
 def test_scale_binning_is_half_up():
     assert [S.to_point(x) for x in (0.0, 0.125, 0.25, 0.375, 0.999, 1.0)] == [1, 2, 2, 3, 5, 5]
-    assert S.normalize(4) == 0.75
+    assert S.normalize(4) == pytest.approx(0.75)
 
 
 # ---- the judge with a tiny local model ----------------------------------------------------------
@@ -196,7 +196,7 @@ def test_endpoint_judge_greedy_and_cached(endpoint, temper_home, monkeypatch, cl
     rubric = Rubric.model_validate(RUBRIC)
     spec = {"base_url": endpoint["url"], "endpoint_model": "judge-7b", "client": client, "api_key_env": "JUDGE_KEY"}
     r = Judge(spec).score(rubric, "p", "r", item_id="e1")
-    assert (r.score, r.raw_score, r.rationale) == (0.75, 4.0, "Faithful and short.")
+    assert (r.score, r.raw_score, r.rationale) == (pytest.approx(0.75), 4.0, "Faithful and short.")
     assert r.judge_id == f"endpoint:{endpoint['url']}/v1#judge-7b"
     path, body, auth = endpoint["requests"][0]
     assert path == "/v1/completions" and body["temperature"] == 0 and body["model"] == "judge-7b"
@@ -232,14 +232,14 @@ def test_judge_verifier_scores_or_skips_and_counts(tiny, temper_home, endpoint):
     v = get_verifier("judge", params)
     rec = {"id": "s1", "document": "doc", "reference": "ref"}
     verdict = v.score(rec, "resp")
-    assert verdict.reward == 0.75 and verdict.details["raw_score"] == 4.0
+    assert verdict.reward == pytest.approx(0.75) and verdict.details["raw_score"] == 4.0
     assert "Reference answer:\nref" in endpoint["requests"][0][1]["prompt"]
     endpoint["reply"] = "no idea"
     assert v.score({**rec, "id": "s2"}, "other") is None
     assert v.score({"id": "s3"}, "x") is None
     assert v.skipped == {"unparseable": 1, "missing_column": 1}
     assert [s["item"] for s in v.skips] == ["s2", "s3"] and "item s2" in v.skips[0]["reason"]
-    assert v.score(rec, "resp").reward == 0.75  # cached verdict, endpoint not asked again
+    assert v.score(rec, "resp").reward == pytest.approx(0.75)  # cached verdict, endpoint not asked again
     assert len(endpoint["requests"]) == 2
 
 

@@ -202,7 +202,7 @@ def test_verify_domain_cli_scores_with_the_domains_own_verifier(one_row_per_task
                          capture_output=True, text=True, check=True).stdout.splitlines()
     rewards = [json.loads(line)["reward"] for line in out[:-1]]
     assert rewards == [1.0, 0.0] * len(rows)
-    assert json.loads(out[-1])["summary"]["pass_rate"] == 0.5
+    assert json.loads(out[-1])["summary"]["pass_rate"] == pytest.approx(0.5)
     bad = subprocess.run([sys.executable, "-m", "temper.cli", "verify", "--domain", "rg-nope", str(records)], cwd=REPO,
                          env={**os.environ, "PYTHONPATH": str(REPO)}, capture_output=True, text=True)
     assert bad.returncode == 1 and "--domain rg-nope: no such domain" in bad.stderr

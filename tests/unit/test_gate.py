@@ -1,4 +1,5 @@
 import numpy as np
+import pytest
 
 from temper.registry.bootstrap import bootstrap_delta, holm
 from temper.registry.gate import PromotionPolicy, decide
@@ -8,7 +9,7 @@ POLICY = PromotionPolicy(min_improvement=0.01, max_regression=0.05)
 
 def test_better_everywhere_passes():
     d = decide({"a": 0.6, "b": 0.5}, {"a": 0.4, "b": 0.4}, POLICY)
-    assert d.passed and d.deltas == {"a": 0.19999999999999996, "b": 0.09999999999999998}
+    assert d.passed and d.deltas == pytest.approx({"a": 0.2, "b": 0.1})
 
 
 def test_better_on_average_but_worse_on_one_domain_fails():
@@ -51,7 +52,7 @@ def _means(samples):
 def test_two_identical_models_never_see_a_regression_at_300_domains():
     champ = _suite(300, 64, seed=1)
     d = decide(_means(champ), _means(champ), PromotionPolicy(), champ, champ)
-    assert d.regressed == [] and set(d.p_values.values()) == {1.0}
+    assert d.regressed == [] and list(d.p_values.values()) == pytest.approx([1.0] * len(d.p_values))
     assert "tie keeps the champion" in d.reason
 
 
@@ -84,4 +85,4 @@ def test_holm_steps_down_and_bootstrap_uses_scipy_intervals():
     assert holm({"a": 0.001, "b": 0.02, "c": 0.04}, 0.05) == {"a", "b", "c"}  # 0.05/3, 0.05/2, 0.05/1
     assert holm({"a": 0.001, "b": 0.03, "c": 0.04}, 0.05) == {"a"}
     iv = bootstrap_delta(_samples([1] * 20 + [0] * 20), _samples([0] * 40))
-    assert iv.paired and iv.delta == -0.5 and iv.hi < 0 and iv.se > 0 and iv.p_worse() < 1e-6
+    assert iv.paired and iv.delta == pytest.approx(-0.5) and iv.hi < 0 and iv.se > 0 and iv.p_worse() < 1e-6

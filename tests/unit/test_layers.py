@@ -137,3 +137,42 @@ def test_no_import_cycles(graph):
 def test_workloads_never_import_prefect(graph):
     assert not [m for m, imported in graph.items() if room(m) == "workloads"
                 and any(t.startswith("prefect") for t in imported)]
+
+
+def _function_import_blocks(tree: ast.AST):
+    """Runs of consecutive import statements inside a function body (nested blocks included)."""
+    def walk(node, in_function):
+        for field in ("body", "orelse", "finalbody", "handlers"):
+            seq = getattr(node, field, None)
+            if not isinstance(seq, list):
+                continue
+            run: list[ast.stmt] = []
+            for stmt in seq + [None]:
+                if isinstance(stmt, (ast.Import, ast.ImportFrom)):
+                    run.append(stmt)
+                    continue
+                if run and in_function:
+                    yield run
+                run = []
+                if stmt is not None:
+                    yield from walk(stmt, in_function or isinstance(stmt, (ast.FunctionDef, ast.AsyncFunctionDef)))
+    yield from walk(tree, False)
+
+
+def test_function_level_imports_say_why_they_are_lazy():
+    """Imports sit at the top of a module; one inside a function needs a ``# lazy: <measured reason>``
+    comment (on the comment lines right above its block, or on one of its lines), e.g. the seconds a
+    library would add to every ``temper`` start-up. An unexplained one belongs at the top."""
+    unexplained = []
+    for name, path in modules().items():
+        lines = path.read_text().splitlines()
+        for block in _function_import_blocks(ast.parse("\n".join(lines), filename=str(path))):
+            first, last = block[0].lineno, block[-1].end_lineno
+            above, i = [], first - 2
+            while i >= 0 and lines[i].strip().startswith("#"):
+                above.append(lines[i])
+                i -= 1
+            if not any("# lazy:" in line for line in above + lines[first - 1:last]):
+                unexplained.append(f"{path.relative_to(REPO)}:{first}: {lines[first - 1].strip()}")
+    assert not unexplained, ("function-level imports without a `# lazy:` reason (move them to the top, "
+                             "or say what importing them up there would cost):\n" + "\n".join(unexplained))

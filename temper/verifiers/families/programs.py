@@ -27,6 +27,8 @@ from typing import Any, Literal
 
 from pydantic import PositiveFloat, PositiveInt
 
+from infra.sandbox import Session, shared_pool
+from infra.sandbox.pool import QueueTimeout
 from temper.verifiers.base import Verdict, Verifier
 from temper.verifiers.pooled import PooledVerifier
 from temper.verifiers.registry import register
@@ -79,7 +81,6 @@ class CodeTestsVerifier(PooledVerifier):
     def _job(self, record: dict[str, Any], completion: str):
         if not all(record.get(k) for k in ("prompt", "test", "entry_point")):
             return None
-        from infra.sandbox import shared_pool
 
         pool = shared_pool(self.sandbox_profile)
         token = secrets.token_hex(16)
@@ -141,8 +142,6 @@ class TerminalVerifier(Verifier):
             return None
         if (bad := self.screen(record, completion)) is not None:
             return bad
-        from infra.sandbox import Session, shared_pool
-        from infra.sandbox.pool import QueueTimeout
 
         pool = shared_pool(self.sandbox_profile)
         limits = _limits(pool, self.params)

@@ -31,6 +31,7 @@ from typing import Any
 
 from pydantic import PositiveInt
 
+from infra.sandbox import shared_pool
 from infra.sandbox.api import PROFILES, Limits, Profile, ro_mount
 from temper.verifiers.base import Verdict
 from temper.verifiers.pooled import PooledVerifier
@@ -130,7 +131,6 @@ class ReasoningGymVerifier(PooledVerifier):
         if answer is None or answer == "" or len(answer) > limit:
             why = "no <answer> tag" if answer is None else ("empty answer" if answer == "" else f"answer over {limit} chars")
             return Verdict(0.0, {"task": task, "reason": why}), None
-        from infra.sandbox import shared_pool
 
         pool = shared_pool(profile().name)
         token = secrets.token_hex(16)

@@ -9,6 +9,7 @@ from typing import Any, Literal
 
 from pydantic import NonNegativeFloat
 
+from temper.data.formats.bfcl import ast_checker, decode_python_calls
 from temper.verifiers.base import Verdict, Verifier
 from temper.verifiers.families.matching import normalize, parse_number
 from temper.verifiers.registry import register
@@ -59,6 +60,7 @@ def field_matches(got: Any, want: Any, kind: str, tol: float) -> bool:
 def schema_errors(obj: dict, schema: dict | None, expected: dict, kinds: dict[str, str]) -> list[str]:
     """Problems with the object's shape: against ``schema`` when given (jsonschema), else field types."""
     if schema is not None:
+        # lazy: jsonschema (60 ms) would load whenever flows.human_validation is imported
         import jsonschema
 
         return [e.message for e in jsonschema.Draft202012Validator(schema).iter_errors(obj)][:5]
@@ -187,8 +189,6 @@ class ToolCallVerifier(Verifier):
 
     def _score_bfcl(self, record: dict[str, Any], completion: str) -> Verdict | None:
         """BFCL's own AST checker (``category`` param: simple_python, multiple, parallel, parallel_multiple)."""
-        from temper.data.formats.bfcl import ast_checker, decode_python_calls
-
         try:
             truth, functions = json.loads(record["ground_truth"]), json.loads(record["functions"])
         except (KeyError, TypeError, ValueError):
