@@ -60,6 +60,12 @@ def _kill_group(proc: subprocess.Popen, grace_s: float = 5.0) -> None:
     proc.wait()
 
 
+def job_error(lines: list[str]) -> str | None:
+    """The workload's own one-line error (``temper: error: ...``, printed by workloads/*), if any: it
+    says what went wrong, where the launcher's tail would show torchrun's traceback of the agent."""
+    return next((line.removeprefix("temper: error: ") for line in lines if line.startswith("temper: error: ")), None)
+
+
 def run_job(spec: JobSpec, on_line: Callable[[str], None] = print, *, cwd: str | None = None,
             cancel: threading.Event | None = None) -> int:
     """Run to completion; returns the exit status (124 on timeout, 130 when cancelled).

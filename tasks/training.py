@@ -12,7 +12,7 @@ from pathlib import Path
 import yaml
 from prefect import get_run_logger, task
 
-from infra.launcher_local import run_job
+from infra.launcher_local import job_error, run_job
 from temper.core.errors import TemperError
 from temper.core.settings import get_settings
 from temper.data.catalog import load_catalog, refuse_eval_only, select_domains
@@ -76,12 +76,18 @@ def train_stage(stage: str, params: PostTrainingParams, base_model: str, run_key
     spec.env["TEMPER_PARENT_RUN_ID"] = parent_run_id
     tail: deque[str] = deque(maxlen=40)
 
+    errors: list[str] = []  # the workload's own error line, kept apart: torchrun's traceback follows it
+
     def on_line(line: str) -> None:
         tail.append(line)
+        if job_error([line]):
+            errors.append(line)
         (logger.info if is_progress(line) else logger.debug)("[%s] %s", stage, line)
 
     status = run_job(spec, on_line=on_line)
     model_dir = workdir / stage / "model"
     if status != 0 or not (model_dir / "config.json").exists():
+        if reason := job_error(errors):
+            raise TemperError(f"{stage} job {spec.name} failed: {reason}")
         raise TemperError(f"{stage} job {spec.name} failed with exit status {status}; last lines:\n" + "\n".join(tail))
     return str(model_dir)

@@ -27,6 +27,7 @@ from temper.training import checkpoint as ckpt
 from temper.training.callbacks import TemperCallback
 from temper.training.config import TrainConfig, TrainingError
 from temper.training.deepspeed import write_launch_configs
+from temper.training.disk import disk_full_is_named, folder_bytes
 from temper.training.mixing import DomainMixSampler
 from temper.training.rewards import DomainRewards
 
@@ -202,12 +203,19 @@ def train(cfg: TrainConfig, settings: Settings | None = None) -> dict[str, Any]:
                               base_model=cfg.base_model)
     trainer.add_callback(callback)
     trainer.remove_callback(PrinterCallback)  # raw metric dicts; the callback prints one readable line instead
-    trainer.train(resume_from_checkpoint=str(resume_from) if resume_from else None)
+    out = Path(cfg.output_dir)
+    weights = 4 * sum(getattr(p, "ds_numel", p.numel()) for p in model.parameters())  # fp32 (ZeRO-3: full size)
+    complete = ckpt.local_checkpoints(out)
+    # a checkpoint is about the last one's size; before any, weights + Adam's two moments + fp32 master copy
+    checkpoint_bytes = folder_bytes(out / f"checkpoint-{complete[-1]}") if complete else 4 * weights
+    with disk_full_is_named(out, "a checkpoint", checkpoint_bytes):
+        trainer.train(resume_from_checkpoint=str(resume_from) if resume_from else None)
 
     result: dict[str, Any] = {"steps": trainer.state.global_step}
     if cfg.export:
-        export_dir = Path(cfg.output_dir) / "model"
-        trainer.save_model(str(export_dir))  # ZeRO-3: gathers the partitions, rank 0 writes safetensors
+        export_dir = out / "model"
+        with disk_full_is_named(out, "the exported model", weights):
+            trainer.save_model(str(export_dir))  # ZeRO-3: gathers the partitions, rank 0 writes safetensors
         if state.is_main_process:
             tokenizer.save_pretrained(export_dir)
             result["model_dir"] = str(export_dir)

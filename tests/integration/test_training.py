@@ -176,3 +176,39 @@ def test_killed_grpo_run_resumes_with_identical_sampling_rewards_and_kl(workspac
     for step, row in expected.items():
         for key in (k for k in row if k in ("loss", "kl") or k.startswith("reward/")):
             assert abs(resumed[step].get(key, math.nan) - row[key]) <= 1e-5, (step, key, row, resumed[step])
+
+
+def test_disk_full_at_a_checkpoint_names_folder_and_bytes_and_the_previous_checkpoint_resumes(workspace):
+    """The output folder is a 2.5 MiB tmpfs: checkpoint-2 (1.6 MiB for the tiny model on 2 ranks) fits,
+    checkpoint-4 does not. The job fails with one line naming the folder and the sizes, removes the
+    half-written checkpoint, and a restart (on a disk with room) resumes from checkpoint-2."""
+    import subprocess
+    import sys
+
+    from temper.core.settings import get_settings
+
+    config = write_config(workspace, "diskfull", mode="sft", base_model=str(workspace / "tiny"),
+                          max_steps=4, save_steps=2)
+    proc = subprocess.run(["unshare", "--user", "--map-root-user", "--mount", sys.executable,
+                           str(Path(__file__).parent / "disk_full_job.py"), str(config), "sft", "2560k"],
+                          capture_output=True, text=True, cwd=REPO, env={**__import__("os").environ,
+                                                                         "PYTHONPATH": str(REPO)})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    job = json.loads(proc.stdout.strip().splitlines()[-1])
+    text = "\n".join(job["lines"])
+    assert job["status"] != 0
+    assert "checkpoint step 2 synced" in text, "checkpoint-2 must fit in the tmpfs: " + text[-2000:]
+    out = workspace / "diskfull"
+    assert (f"disk full: a checkpoint could not be written to {out}: " in text
+            and "removed the incomplete checkpoint-4; checkpoint-2 is complete and a restart resumes from it" in text), \
+        text[-3000:]
+    errors = [line for line in job["lines"] if line.startswith("temper: error: disk full")]
+    assert len(errors) >= 1 and not any("[rank" in line and "RuntimeError" in line for line in job["lines"]), \
+        "the ranks' torch.save failure becomes temper's one line, not a stack trace per rank"
+    store = Path(get_settings().resolved_storage_root) / "runs" / "diskfull" / "checkpoints"
+    assert sorted(p.name for p in store.iterdir()) == ["checkpoint-2"]
+
+    status, lines = launch(config, "sft")  # same run name, a disk with room: continues from the store's checkpoint
+    assert status == 0, "\n".join(lines[-30:])
+    assert any("resuming from" in line and "checkpoint-2" in line for line in lines)
+    assert sorted(losses(out)) == [1, 2, 3, 4]
