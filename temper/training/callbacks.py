@@ -19,7 +19,8 @@ from temper.core.settings import Settings
 from temper.training import checkpoint as ckpt
 from temper.training.config import TrainConfig
 from temper.training.progress import progress_line
-from temper.training.rewards import DomainRewards, merge_summaries
+from temper.training.curriculum import CurriculumStream
+from temper.training.rewards import DomainRewards, merge_summaries, step_totals
 
 
 def _dist():
@@ -52,11 +53,13 @@ def tracking_enabled(cfg: TrainConfig, settings: Settings) -> bool:
 
 class TemperCallback(TrainerCallback):
     def __init__(self, cfg: TrainConfig, settings: Settings, *, digests: dict[str, str], uris: dict[str, str],
-                 frames: dict[str, Any], sampler_factory: Callable, rewards: DomainRewards | None,
-                 base_model: str) -> None:
+                 frames: dict[str, Any], sampler_state: Callable[[int], dict], rewards: DomainRewards | None,
+                 base_model: str, stream: CurriculumStream | None = None) -> None:
         self.cfg, self.settings = cfg, settings
         self.digests, self.uris, self.frames = digests, uris, frames
-        self.sampler_factory, self.rewards, self.base_model = sampler_factory, rewards, base_model
+        self.sampler_state, self.rewards, self.base_model = sampler_state, rewards, base_model
+        self.stream = stream
+        self._reward_parts: list[dict] | None = None
         self.out = Path(cfg.output_dir)
         self.main = _rank() == 0
         self.local_main = int(os.environ.get("LOCAL_RANK", "0")) == 0
@@ -101,18 +104,28 @@ class TemperCallback(TrainerCallback):
 
     def on_step_end(self, args, state, control, **kw):
         self._last_step_time = time.perf_counter() - self._t_step
+        if self.rewards is None:
+            return
+        # Every rank scored its own samples: combine them on every rank, once per step, so that the
+        # curriculum (which must decide identically everywhere) and the metrics see the same counts.
+        part = self.rewards.summary()
+        self.rewards.reset_stats()
+        dist = _dist()
+        parts = [part]
+        if dist is not None:
+            parts = [None] * dist.get_world_size()
+            dist.all_gather_object(parts, part)
+        self._reward_parts = parts
+        if self.stream is not None:
+            self.stream.observe(state.global_step - 1, step_totals(parts))
 
     def on_log(self, args, state, control, logs=None, **kw):
         logs = dict(logs or {})
-        if self.rewards is not None:  # every rank scored its own samples: combine them
-            part = self.rewards.summary()
-            self.rewards.reset_stats()
-            dist = _dist()
-            parts = [part]
-            if dist is not None:
-                parts = [None] * dist.get_world_size()
-                dist.all_gather_object(parts, part)
-            logs.update(merge_summaries(parts))
+        if self._reward_parts is not None:
+            logs.update(merge_summaries(self._reward_parts))
+            self._reward_parts = None
+            weights = self.stream.weights(state.global_step - 1) if self.stream is not None else None
+            logs.update({f"weight/{name}": w for name, w in (weights or {}).items()})
         if not self.main or "loss" not in logs and "train_loss" not in logs:
             return
         now = time.perf_counter()
@@ -131,7 +144,7 @@ class TemperCallback(TrainerCallback):
         if self.mlflow_run is not None:
             import mlflow
 
-            mlflow.log_metrics({k.replace("/", "_") if k.startswith(("reward/", "pass_rate/", "none_rate/")) else k: v
+            mlflow.log_metrics({k.replace("/", "_") if k.startswith(("reward/", "pass_rate/", "none_rate/", "weight/")) else k: v
                                 for k, v in row.items() if k != "step"}, step=state.global_step)
 
     def on_save(self, args, state, control, **kw):
@@ -140,9 +153,8 @@ class TemperCallback(TrainerCallback):
             dist.barrier()  # every rank has written its partitions and RNG state
         directory = self.out / f"checkpoint-{state.global_step}"
         if self.local_main and directory.is_dir():
-            sampler = self.sampler_factory()
-            sampler.take(state.global_step * self.cfg.prompts_per_step)
-            ckpt.write_state(directory, self.cfg, sampler.state_dict(), self.digests, state.global_step)
+            ckpt.write_state(directory, self.cfg, self.sampler_state(state.global_step), self.digests,
+                             state.global_step)
             uri = ckpt.sync_to_store(self.cfg, directory, self.settings)
             print(f"temper: checkpoint step {state.global_step} synced to {uri}", flush=True)
         if dist is not None:

@@ -89,6 +89,19 @@ def merge_summaries(parts: list[dict[str, dict[str, float]]]) -> dict[str, float
     return metrics
 
 
+def step_totals(parts: list[dict[str, dict[str, float]]]) -> dict[str, list[int]]:
+    """Per-rank stats of one step -> {domain: [completions scored, completions passed]} over all ranks.
+
+    Integers, so every rank that sums the same gathered parts gets exactly the same totals.
+    """
+    total: dict[str, list[int]] = {}
+    for part in parts:
+        for name, s in part.items():
+            scored, passed = total.setdefault(name, [0, 0])
+            total[name] = [scored + int(s["n"]), passed + int(s["passed"])]
+    return dict(sorted(total.items()))
+
+
 def greedy_mean_reward(model_dir: str, domains: list[Domain], frames: dict[str, Any], max_new_tokens: int = 8,
                        limit: int = 64, batch_size: int = 32) -> dict[str, float]:
     """Mean (unweighted) verifier reward of greedy completions on each domain's eval split.
