@@ -17,7 +17,7 @@ from transformers import TrainerCallback
 
 from temper.core.settings import Settings
 from temper.training import checkpoint as ckpt
-from temper.training.config import TrainConfig
+from temper.training.config import TrainConfig, TrainingError
 from temper.training.progress import progress_line
 from temper.training.curriculum import CurriculumStream
 from temper.training.rewards import DomainRewards, merge_summaries, step_totals
@@ -108,16 +108,21 @@ class TemperCallback(TrainerCallback):
             return
         # Every rank scored its own samples: combine them on every rank, once per step, so that the
         # curriculum (which must decide identically everywhere) and the metrics see the same counts.
-        part = self.rewards.summary()
+        batch = state.global_step - 1
+        part = {"rewards": self.rewards.summary(),
+                "stream": self.stream.digest(batch) if self.stream is not None else None}
         self.rewards.reset_stats()
         dist = _dist()
         parts = [part]
         if dist is not None:
             parts = [None] * dist.get_world_size()
             dist.all_gather_object(parts, part)
-        self._reward_parts = parts
+        self._reward_parts = [p["rewards"] for p in parts]
         if self.stream is not None:
-            self.stream.observe(state.global_step - 1, step_totals(parts))
+            if len({p["stream"] for p in parts}) != 1:  # would silently train each rank on another mix
+                raise TrainingError(f"run {self.cfg.run_name}: step {state.global_step}: ranks drew different "
+                                    "curriculum streams")
+            self.stream.observe(batch, step_totals(self._reward_parts))
 
     def on_log(self, args, state, control, logs=None, **kw):
         logs = dict(logs or {})

@@ -22,6 +22,8 @@ the stratified ``DomainMixSampler`` reweighted by the curriculum. Exactness rest
 
 from __future__ import annotations
 
+import hashlib
+import json
 from typing import Any
 
 from temper.training.config import CurriculumSettings, TrainingError
@@ -83,6 +85,7 @@ class CurriculumStream:
         self.applied = 0  # observations folded into the curriculum so far
         self.slots: list[tuple[str, int]] = []
         self.batch_weights: dict[int, dict[str, float]] = {}
+        self.digests: list[str] = []  # digests[b]: hash chain of batches 0..b (slots and weights)
 
     # -- inputs ----------------------------------------------------------------------------
     def observe(self, batch: int, totals: dict[str, list[int]]) -> None:
@@ -110,7 +113,11 @@ class CurriculumStream:
         multipliers = self.curriculum.multipliers()
         self.sampler.reweight({n: self.base[n] * multipliers[n] for n in self.base})
         self.batch_weights[batch] = self.sampler.current_weights()
-        self.slots += self.sampler.take(self.prompts_per_step)
+        drawn = self.sampler.take(self.prompts_per_step)
+        self.slots += drawn
+        previous = self.digests[-1] if self.digests else ""
+        self.digests.append(hashlib.sha256(json.dumps([previous, drawn, self.batch_weights[batch]]).encode())
+                            .hexdigest())
 
     def slot(self, index: int) -> tuple[str, int]:
         """(domain, record index) of stream slot ``index`` (drawing up to it if needed)."""
@@ -124,6 +131,11 @@ class CurriculumStream:
             self.slot(step * self.prompts_per_step - 1)
         return self
 
+    def digest(self, batch: int) -> str:
+        """Hash of every slot and weight of batches 0..``batch``: ranks (and runs) compare streams by it."""
+        self.slot((batch + 1) * self.prompts_per_step - 1)
+        return self.digests[batch]
+
     def weights(self, batch: int) -> dict[str, float] | None:
         """The sampling weights batch ``batch`` (step ``batch + 1``) was drawn with."""
         return self.batch_weights.get(batch)
@@ -132,6 +144,7 @@ class CurriculumStream:
     def state_dict(self) -> dict[str, Any]:
         """The observation log (the input) plus a snapshot of what it produced (for the resume check)."""
         return {"observations": [dict(o) for o in self.observations], "applied": self.applied,
+                "digest": self.digests[-1] if self.digests else "", "batches": len(self.digests),
                 "sampler": self.sampler.state_dict(), "curriculum": self.curriculum.state_dict()}
 
 
