@@ -173,7 +173,7 @@ class TemperCallback(TrainerCallback):
 
         from temper.training.export import log_and_register, reward_curve_png
 
-        from temper.training.charts import domain_heatmap_png, domain_table_csv, read_metrics
+        from temper.training.charts import curriculum_weights_csv, domain_heatmap_png, domain_table_csv, read_metrics
 
         png = reward_curve_png(self.out / "metrics.jsonl", self.out / "reward_curve.png")
         if png is not None:
@@ -183,6 +183,13 @@ class TemperCallback(TrainerCallback):
         if heatmap is not None:
             mlflow.log_artifact(str(heatmap))
             mlflow.log_text(domain_table_csv(rows), "per_domain_rewards.csv")
+        weights = curriculum_weights_csv(rows)
+        if weights is not None:
+            mlflow.log_text(weights, "curriculum_weights.csv")
+            heatmap = domain_heatmap_png(rows, self.out / "curriculum_weights.png", prefix="weight/",
+                                         title="curriculum sampling weight per domain and step")
+            if heatmap is not None:
+                mlflow.log_artifact(str(heatmap))
         if result.get("model_dir") and self.cfg.register_as:
             result["model_version"] = log_and_register(result["model_dir"], self.cfg.register_as)
         result.update(mlflow_run_id=self.mlflow_run.info.run_id, mlflow_experiment=self.cfg.mlflow_experiment,
