@@ -9,12 +9,13 @@ The baseline is the fixed stratified mix (curriculum off), measured in the same 
    ``frac_reward_zero_std`` (the fraction of groups with zero reward spread), the mean reward and
    the prompts each domain got. Steps 1-2 are drawn before any reward is in, so the table also
    gives the steps after them.
-2. Simulation at 300 domains (no model): each domain passes a completion with a fixed probability
-   (30% hopeless p=0, 20% solved p=1, the rest uniform in [0.05, 0.95]), groups of G=4 Bernoulli
-   rewards, P prompts a step, the real ``CurriculumStream`` vs the fixed ``DomainMixSampler``.
+2. Simulation at 300 domains (no model): 30% hopeless (p=0), 20% solved (p=1), 25% "split"
+   (each prompt nearly always or nearly never solved: a mid pass rate, little signal), 25% "mixed"
+   (each prompt's p uniform in [0.2, 0.8]); groups of G=4 Bernoulli rewards, P prompts a step,
+   the real ``CurriculumStream`` vs the fixed ``DomainMixSampler``.
 
-Run: .venv/bin/python benchmarks/curriculum.py [--steps 30] [--sft-steps 150] [--sim-only]
-(~5 min on 2 cores; --sim-only: seconds)
+Run: .venv/bin/python benchmarks/curriculum.py [--steps 40] [--seeds 2] [--sft-steps 150] [--sim-only]
+(~6 min on 2 idle cores; --sim-only: ~30 s)
 """
 
 from __future__ import annotations
@@ -76,7 +77,7 @@ def summarise(rows: list[dict], from_step: int = 1) -> dict:
             "steps_with": prompts}
 
 
-def real_runs(steps: int, sft_steps: int) -> None:
+def real_runs(steps: int, sft_steps: int, seeds: tuple[int, ...]) -> None:
     root = embedded_workspace("temper-curriculum-")
     import os
 
@@ -90,43 +91,54 @@ def real_runs(steps: int, sft_steps: int) -> None:
     for domain in load_catalog(os.environ["TEMPER_CATALOG_DIR"]).values():
         generate_domain_dataset(domain)
     init_tiny(root / "tiny")
-    run(root, "sft", "sft", base_model=str(root / "tiny"), max_steps=sft_steps, learning_rate=3e-3,
+    run(root, "sft", "sft", base_model=str(root / "tiny"), seed=0, max_steps=sft_steps, learning_rate=3e-3,
         per_device_batch_size=16, save_steps=10_000)
     common = dict(base_model=str(root / "sft" / "model"), max_steps=steps, learning_rate=3e-4, per_device_batch_size=8,
                   num_generations=4, max_completion_length=4, temperature=0.8, save_steps=10_000, export=False)
-    off = run(root, "grpo-off", "grpo", **common)
-    on = run(root, "grpo-on", "grpo", curriculum={"enabled": True}, **common)
-    print(f"\nReal runs: tiny model, SFT {sft_steps} steps, GRPO {steps} steps x 4 prompts x G=4, 2 ZeRO-3 ranks")
+    runs: dict[str, list[dict]] = {"off": [], "on": []}
+    for seed in seeds:
+        runs["off"] += run(root, f"grpo-off-{seed}", "grpo", seed=seed, **common)
+        runs["on"] += run(root, f"grpo-on-{seed}", "grpo", seed=seed, curriculum={"enabled": True}, **common)
+    print(f"\nReal runs: tiny model, SFT {sft_steps} steps, GRPO {steps} steps x 4 prompts x G=4, 2 ZeRO-3 ranks, "
+          f"seeds {seeds} (rows pooled)")
     print(f"{'':18}{'zero-signal groups':>20}{'(steps >= 3)':>14}{'mean reward':>13}   steps sampled per domain")
-    for label, rows in (("curriculum off", off), ("curriculum on", on)):
+    for label, rows in (("curriculum off", runs["off"]), ("curriculum on", runs["on"])):
         everything, steered = summarise(rows), summarise(rows, 3)
         per = " ".join(f"{d}:{n}" for d, n in everything["steps_with"].items())
         print(f"{label:18}{everything['zero_signal']:>20.3f}{steered['zero_signal']:>14.3f}"
               f"{everything['reward']:>13.3f}   {per}")
-    last = [r for r in on if "loss" in r][-1]
-    print("final weights (on): " + " ".join(f"{d}:{last[f'weight/{d}']:.3f}" for d in LADDER))
+    last = [r for r in runs["on"] if "loss" in r][-1]
+    print("final weights (on, last seed): " + " ".join(f"{d}:{last[f'weight/{d}']:.3f}" for d in LADDER))
+    off = runs["off"]
     pass_rates = {d: mean([r[f"pass_rate/{d}"] for r in off if f"pass_rate/{d}" in r]) for d in LADDER}
     print("pass rate per domain (off): " + " ".join(f"{d}:{p:.2f}" for d, p in pass_rates.items()))
 
 
 def simulate(curriculum: bool, steps: int, prompts: int, seed: int = 0, group: int = 4) -> float:
+    """Fraction of groups without signal over a run of the real stream (or the fixed sampler)."""
     from temper.training.curriculum import CurriculumStream
     from temper.training.mixing import DomainMixSampler
 
     rng = random.Random(seed)
     names = [f"d{i:03d}" for i in range(300)]
-    p_pass = {n: rng.choice([0.0] * 3 + [1.0] * 2 + [rng.uniform(0.05, 0.95) for _ in range(5)]) for n in names}
+    kinds = {n: rng.choice(["hopeless"] * 6 + ["solved"] * 4 + ["split"] * 5 + ["mixed"] * 5) for n in names}
+
+    def pass_probability(name: str, idx: int) -> float:  # per prompt: what the model does on that prompt
+        r = random.Random(f"{seed}:{name}:{idx}").random()
+        return {"hopeless": 0.0, "solved": 1.0, "split": 0.02 if r < 0.5 else 0.98, "mixed": 0.2 + 0.6 * r}[kinds[name]]
+
     sampler = DomainMixSampler(sizes={n: 100 for n in names}, ratios={n: 1.0 for n in names}, seed=seed)
-    stream = CurriculumStream(sampler, CurriculumSettings(enabled=True), group, prompts) if curriculum else None
+    stream = CurriculumStream(sampler, CurriculumSettings(enabled=True), prompts) if curriculum else None
     draws, zero = random.Random(seed + 1), 0
     for batch in range(steps):
         slots = [stream.slot(batch * prompts + i) for i in range(prompts)] if stream else sampler.take(prompts)
         totals: dict[str, list[int]] = {}
-        for name, _ in slots:
-            passed = sum(draws.random() < p_pass[name] for _ in range(group))
+        for name, idx in slots:
+            p = pass_probability(name, idx)
+            passed = sum(draws.random() < p for _ in range(group))
             zero += passed in (0, group)
-            scored, ok = totals.get(name, [0, 0])
-            totals[name] = [scored + group, ok + passed]
+            row = totals.setdefault(name, [0, 0, 0, 0])
+            row[0], row[1], row[2], row[3] = row[0] + group, row[1] + passed, row[2] + 1, row[3] + (0 < passed < group)
         if stream:
             stream.observe(batch, totals)
     return zero / (steps * prompts)
@@ -134,18 +146,19 @@ def simulate(curriculum: bool, steps: int, prompts: int, seed: int = 0, group: i
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--steps", type=int, default=30)
+    parser.add_argument("--steps", type=int, default=40)
+    parser.add_argument("--seeds", type=int, default=2, help="GRPO seeds, each run off and on")
     parser.add_argument("--sft-steps", type=int, default=150)
     parser.add_argument("--sim-only", action="store_true")
     args = parser.parse_args()
-    print("Simulation: 300 domains (30% hopeless, 20% solved, 50% in between), G=4, 3 seeds")
+    print("Simulation: 300 domains (30% hopeless, 20% solved, 25% split per prompt, 25% mixed), G=4, 3 seeds")
     print(f"{'prompts/step':>12}{'steps':>7}{'zero-signal off':>17}{'on':>8}{'ratio on/off':>14}")
     for prompts, steps in ((4, 500), (16, 500), (64, 200)):
         off = mean([simulate(False, steps, prompts, s) for s in range(3)])
         on = mean([simulate(True, steps, prompts, s) for s in range(3)])
         print(f"{prompts:>12}{steps:>7}{off:>17.3f}{on:>8.3f}{on / off:>14.2f}")
     if not args.sim_only:
-        real_runs(args.steps, args.sft_steps)
+        real_runs(args.steps, args.sft_steps, tuple(range(args.seeds)))
 
 
 if __name__ == "__main__":

@@ -109,7 +109,7 @@ class TemperCallback(TrainerCallback):
         # Every rank scored its own samples: combine them on every rank, once per step, so that the
         # curriculum (which must decide identically everywhere) and the metrics see the same counts.
         batch = state.global_step - 1
-        part = {"rewards": self.rewards.summary(),
+        part = {"rewards": self.rewards.summary(), "groups": dict(self.rewards.groups),
                 "stream": self.stream.digest(batch) if self.stream is not None else None}
         self.rewards.reset_stats()
         dist = _dist()
@@ -122,7 +122,7 @@ class TemperCallback(TrainerCallback):
             if len({p["stream"] for p in parts}) != 1:  # would silently train each rank on another mix
                 raise TrainingError(f"run {self.cfg.run_name}: step {state.global_step}: ranks drew different "
                                     "curriculum streams")
-            self.stream.observe(batch, step_totals(self._reward_parts))
+            self.stream.observe(batch, step_totals(self._reward_parts, [p["groups"] for p in parts]))
 
     def on_log(self, args, state, control, logs=None, **kw):
         logs = dict(logs or {})

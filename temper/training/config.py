@@ -72,23 +72,25 @@ class SFTSettings(StageSettings):
 class CurriculumSettings(BaseModel):
     """Online domain curriculum of GRPO (``temper.training.curriculum``): why and how it reweights.
 
-    A group whose G completions all pass or all fail has zero advantage, so it costs a rollout and
-    teaches nothing; at hundreds of domains many are solved or hopeless for the current model.
-    With ``enabled``, each domain's recent pass rate p (decayed counts over its last ~``window``
-    sampled batches, prior 0.5) sets a multiplier on its base sampling ratio:
-    ``min_multiplier + (1 - min_multiplier) * s(p) / s(0.5)`` with ``s(p) = 1 - p^G - (1-p)^G``, the
-    chance that a group of G binary rewards is not all equal. So the target band is implied by G
-    (at G=4 the multiplier is at least half its peak for p in about [0.1, 0.9]) instead of a second
-    knob, and each domain's share stays within [min_multiplier, 1/min_multiplier] x its base share:
-    none starves, none takes over. Off by default: the stream is then exactly the fixed one.
+    A group whose G completions all get the same reward has zero advantage, so it costs a rollout
+    and teaches nothing; at hundreds of domains many are solved or hopeless for the current model.
+    With ``enabled``, each domain's recent pass rate and recent signal rate s (the fraction of its
+    groups whose rewards were not all equal; decayed counts over its last ~``window`` sampled steps)
+    are tracked, and s sets a multiplier on its base sampling ratio:
+    ``min_multiplier + (1 - min_multiplier) * s``. Solved (pass rate 1) and hopeless (0) domains have
+    s = 0 and sink to the floor; the target band is where groups really split, which the pass rate
+    alone cannot tell (prompts each always or never solved give a mid pass rate and no signal;
+    partial credit gives signal at pass rate 0). An unseen domain counts as s = 1, so it is tried.
+    Each domain's share stays within [min_multiplier, 1/min_multiplier] x its base share: none
+    starves, none takes over. Off by default: the stream is then exactly the fixed one.
     """
 
     model_config = ConfigDict(extra="forbid")
 
     enabled: bool = Field(default=False, description="Reweight domains toward those neither solved nor hopeless "
                           "(by their recent GRPO pass rate). Off = the fixed stratified mix.")
-    window: float = Field(default=4.0, ge=1, description="Sampled batches of a domain its recent pass rate "
-                          "averages over (older ones decay by 1 - 1/window each time the domain is seen).")
+    window: float = Field(default=4.0, ge=1, description="Sampled steps of a domain its recent pass and signal "
+                          "rates average over (older ones decay by 1 - 1/window each time the domain is seen).")
     min_multiplier: float = Field(default=0.1, gt=0, le=1,
                                   description="Floor of a domain's multiplier (peak 1): a solved or hopeless "
                                   "domain keeps at least this fraction of its weight, so no domain starves.")

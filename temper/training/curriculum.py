@@ -3,13 +3,18 @@
 A GRPO group whose completions all pass (or all fail) has zero advantage and teaches nothing. At
 hundreds of domains, many are solved or hopeless for the current model, so ``Curriculum`` moves
 sampling weight toward domains that are neither (the formula and defaults: ``CurriculumSettings``).
+It tracks each domain's recent pass rate, but weighs by the recent fraction of its groups that had
+signal: the pass rate is only a proxy for that. A domain whose prompts are each either always or
+never solved has a mid pass rate and no signal (a tiny model at low temperature does exactly this),
+and partial-credit rewards give signal at any pass rate.
 
 Deciding online breaks the old design, where the whole stream was materialised before step 1.
 ``CurriculumStream`` decides each batch's slots when the data loader first asks for them, from
 the stratified ``DomainMixSampler`` reweighted by the curriculum. Exactness rests on three rules:
 
 * The inputs are integers gathered from every rank: per step and domain, (completions scored,
-  completions passed). Every rank observes the same list, so every rank draws the same stream.
+  passed, groups, groups with signal). Every rank observes the same list, so every rank draws the
+  same stream (and the ranks compare a hash of it every step).
 * Batch ``b`` is drawn from the observations of batches ``<= b - LAG`` only. The loader fetches
   one batch ahead (accelerate's ``DataLoaderShard``), so when batch ``b`` is fetched, step ``b - 1``
   is still to run and ``b - 2`` is the newest finished one: with ``LAG = 2`` the draw never depends
@@ -30,57 +35,65 @@ from temper.training.config import CurriculumSettings, TrainingError
 from temper.training.mixing import DomainMixSampler
 
 LAG = 2  # batches between the newest observation a draw may use and the batch drawn (see above)
-PRIOR_PASS_RATE = 0.5  # an unseen domain counts as mid-difficulty: the most signal, so it gets tried
-PRIOR_WEIGHT = 1.0  # ... worth one completion: the first real batch of a domain outweighs it
-
-
-def group_signal(pass_rate: float, group_size: int) -> float:
-    """Chance that a group of ``group_size`` independent pass/fail rewards is not all equal."""
-    return 1.0 - pass_rate ** group_size - (1.0 - pass_rate) ** group_size
+# Priors, one pseudo-observation each that decays like real ones (so a long all-pass run reaches 1):
+PRIOR_PASS_RATE = 0.5
+PRIOR_SIGNAL = 1.0  # an unseen domain is assumed to give signal, so it gets tried before judged
 
 
 class Curriculum:
-    """Per-domain decayed pass counts and the sampling multipliers they imply (pure, deterministic)."""
+    """Per-domain decayed counts (completions, passes, groups, groups with signal) and the
+    multipliers they imply (pure, deterministic)."""
 
-    def __init__(self, names: list[str], settings: CurriculumSettings, group_size: int) -> None:
-        self.names, self.settings, self.group_size = sorted(names), settings, group_size
-        # the prior is one pseudo-completion, decaying like real ones: long all-pass reaches rate 1
-        self.seen = dict.fromkeys(self.names, PRIOR_WEIGHT)
-        self.passed = dict.fromkeys(self.names, PRIOR_PASS_RATE * PRIOR_WEIGHT)
+    def __init__(self, names: list[str], settings: CurriculumSettings) -> None:
+        self.names, self.settings = sorted(names), settings
+        self.seen = dict.fromkeys(self.names, 1.0)
+        self.passed = dict.fromkeys(self.names, PRIOR_PASS_RATE)
+        self.groups = dict.fromkeys(self.names, 1.0)
+        self.signal = dict.fromkeys(self.names, PRIOR_SIGNAL)
 
     def observe(self, totals: dict[str, list[int]]) -> None:
-        """One step's (scored, passed) per domain; a domain's older counts decay each time it is seen."""
+        """One step's [scored, passed, groups, groups with signal] per domain; a domain's older counts
+        decay by ``1 - 1/window`` each time it is seen, so its rates are over its last ~window steps."""
         keep = 1.0 - 1.0 / self.settings.window
         for name in sorted(totals):
-            scored, passed = totals[name]
-            if name in self.seen and scored > 0:
+            scored, passed, groups, signal = totals[name]
+            if name not in self.seen:
+                continue
+            if scored > 0:
                 self.seen[name] = keep * self.seen[name] + scored
                 self.passed[name] = keep * self.passed[name] + passed
+            if groups > 0:
+                self.groups[name] = keep * self.groups[name] + groups
+                self.signal[name] = keep * self.signal[name] + signal
 
     def pass_rate(self, name: str) -> float:
         return self.passed[name] / self.seen[name]
 
+    def signal_rate(self, name: str) -> float:
+        """Recent fraction of the domain's groups whose rewards were not all equal."""
+        return self.signal[name] / self.groups[name]
+
     def multipliers(self) -> dict[str, float]:
-        """In [min_multiplier, 1]: 1 at pass rate 0.5, the floor at 0 or 1."""
-        floor, peak = self.settings.min_multiplier, group_signal(0.5, self.group_size)
-        return {n: floor + (1.0 - floor) * group_signal(self.pass_rate(n), self.group_size) / peak
-                for n in self.names}
+        """In [min_multiplier, 1]: the floor for a domain none of whose recent groups had signal."""
+        floor = self.settings.min_multiplier
+        return {n: floor + (1.0 - floor) * self.signal_rate(n) for n in self.names}
 
     def state_dict(self) -> dict[str, Any]:
-        return {"seen": dict(self.seen), "passed": dict(self.passed)}
+        return {"seen": dict(self.seen), "passed": dict(self.passed), "groups": dict(self.groups),
+                "signal": dict(self.signal)}
 
 
 class CurriculumStream:
     """The GRPO prompt stream, drawn batch by batch from the curriculum-weighted sampler.
 
-    ``observations[b]`` holds step ``b + 1``'s ``{domain: [scored, passed]}`` (gathered over ranks).
+    ``observations[b]`` holds step ``b + 1``'s ``{domain: [scored, passed, groups, signal]}`` (all ranks).
     """
 
-    def __init__(self, sampler: DomainMixSampler, settings: CurriculumSettings, group_size: int,
+    def __init__(self, sampler: DomainMixSampler, settings: CurriculumSettings,
                  prompts_per_step: int, observations: list[dict[str, list[int]]] | None = None) -> None:
         self.sampler, self.prompts_per_step = sampler, prompts_per_step
         self.base = {n: sampler.ratios[n] for n in sampler.names}
-        self.curriculum = Curriculum(sampler.names, settings, group_size)
+        self.curriculum = Curriculum(sampler.names, settings)
         self.observations: list[dict[str, list[int]]] = [dict(o) for o in observations or []]
         self.applied = 0  # observations folded into the curriculum so far
         self.slots: list[tuple[str, int]] = []
@@ -90,7 +103,7 @@ class CurriculumStream:
     # -- inputs ----------------------------------------------------------------------------
     def observe(self, batch: int, totals: dict[str, list[int]]) -> None:
         """Record step ``batch + 1``'s gathered counts; the log must grow one batch at a time."""
-        clean = {n: [int(v[0]), int(v[1])] for n, v in sorted(totals.items())}
+        clean = {n: [int(x) for x in v] for n, v in sorted(totals.items())}
         if batch < len(self.observations):
             if self.observations[batch] != clean:
                 raise TrainingError(f"curriculum: batch {batch} observed twice with different counts")
@@ -148,12 +161,12 @@ class CurriculumStream:
                 "sampler": self.sampler.state_dict(), "curriculum": self.curriculum.state_dict()}
 
 
-def replay(sampler: DomainMixSampler, settings: CurriculumSettings, group_size: int, prompts_per_step: int,
+def replay(sampler: DomainMixSampler, settings: CurriculumSettings, prompts_per_step: int,
            observations: list[dict[str, list[int]]], step: int) -> CurriculumStream:
     """The stream as it stood after ``step`` steps, given the first ``step`` observations."""
     if len(observations) < step:
         raise TrainingError(f"curriculum: a checkpoint at step {step} holds only {len(observations)} observations")
-    stream = CurriculumStream(sampler, settings, group_size, prompts_per_step, observations[:step])
+    stream = CurriculumStream(sampler, settings, prompts_per_step, observations[:step])
     return stream.advance_to(step)
 
 
@@ -162,12 +175,13 @@ def lazy_dataset(stream: CurriculumStream, num_slots: int, row: Any):
 
     TRL's GRPOTrainer takes only ``datasets`` datasets and indexes them through its RepeatSampler,
     so the table holds the slot numbers and an on-the-fly transform asks the stream for each
-    slot's (domain, record) and renders it with ``row(name, index) -> dict``.
+    slot's (domain, record) and renders it with ``row(name, index) -> dict``. Rows keep their
+    ``slot``: TRL hands it to the reward function, which groups completions by it.
     """
     import datasets
 
     def transform(batch: dict[str, list]) -> dict[str, list]:
-        rows = [row(*stream.slot(i)) for i in batch["slot"]]
+        rows = [{**row(*stream.slot(i)), "slot": i} for i in batch["slot"]]
         return {key: [r[key] for r in rows] for key in rows[0]} if rows else {}
 
     return datasets.Dataset.from_dict({"slot": list(range(num_slots))}).with_transform(transform)

@@ -115,8 +115,8 @@ def curriculum_on(cfg: TrainConfig) -> bool:
 def new_stream(cfg: TrainConfig, domains: list[Domain], frames: dict[str, Any], observations: list | None = None,
                step: int = 0) -> CurriculumStream:
     """The curriculum's online stream after ``step`` steps of the given observation log."""
-    return replay(new_sampler(cfg, domains, frames), cfg.grpo.curriculum, cfg.grpo.num_generations,
-                  cfg.prompts_per_step, observations or [], step)
+    return replay(new_sampler(cfg, domains, frames), cfg.grpo.curriculum, cfg.prompts_per_step, observations or [],
+                  step)
 
 
 def sampler_state(cfg: TrainConfig, domains: list[Domain], frames: dict[str, Any],
@@ -184,8 +184,7 @@ def train(cfg: TrainConfig, settings: Settings | None = None) -> dict[str, Any]:
         if saved["dataset_changed"]:
             if stream is not None:  # the new data's stream from scratch, steered by the rewards seen so far
                 stream = CurriculumStream(new_sampler(cfg, domains, frames), cfg.grpo.curriculum,
-                                          cfg.grpo.num_generations, cfg.prompts_per_step,
-                                          saved["sampler"].get("observations", []))
+                                          cfg.prompts_per_step, saved["sampler"].get("observations", []))
             log.warning("run %s: dataset changed since %s; continuing from step %d over the NEW data "
                         "(allow_dataset_change: true)", cfg.run_name, resume_from.name, saved["step"])
         elif curriculum_on(cfg):  # replay the checkpoint's observation log: the stream it drew, exactly

@@ -15,46 +15,54 @@ ON = CurriculumSettings(enabled=True)
 
 
 def test_solved_and_hopeless_domains_lose_weight_and_a_mid_one_gains_within_bounds():
-    c = Curriculum(["solved", "hopeless", "mid", "unseen"], ON, group_size=4)
-    before = c.multipliers()
-    assert set(before.values()) == {1.0}  # nothing seen: every domain at the prior, the peak
-    for _ in range(6):
-        c.observe({"solved": [8, 8], "hopeless": [8, 0], "mid": [8, 4]})
+    c = Curriculum(["solved", "hopeless", "mid", "unseen"], ON)
+    assert set(c.multipliers().values()) == {1.0}  # nothing seen: every domain is worth trying
+    for _ in range(6):  # [scored, passed, groups, groups with signal]
+        c.observe({"solved": [8, 8, 2, 0], "hopeless": [8, 0, 2, 0], "mid": [8, 4, 2, 2]})
     after = c.multipliers()
+    assert (c.pass_rate("solved"), c.pass_rate("hopeless")) == (pytest.approx(1, abs=0.01), pytest.approx(0, abs=0.01))
     shares = {n: m / sum(after.values()) for n, m in after.items()}
     assert shares["mid"] > 0.25 > shares["solved"] and shares["hopeless"] < 0.25
-    assert after["mid"] == pytest.approx(1.0) and after["unseen"] == 1.0
-    # all-pass / all-fail for long: down to the floor, never below it
+    assert after["mid"] == 1.0 and after["unseen"] == 1.0
     assert ON.min_multiplier <= after["solved"] < 0.2 and ON.min_multiplier <= after["hopeless"] < 0.2
-    for _ in range(200):
-        c.observe({"solved": [8, 8], "hopeless": [8, 0]})
+    for _ in range(200):  # all-pass / all-fail for long: down to the floor, never below it
+        c.observe({"solved": [8, 8, 2, 0], "hopeless": [8, 0, 2, 0]})
     assert all(ON.min_multiplier <= m <= 1.0 for m in c.multipliers().values())
     assert c.multipliers()["solved"] == pytest.approx(ON.min_multiplier, abs=1e-6)
 
 
-def test_recent_pass_rate_forgets_at_the_window():
-    c = Curriculum(["d"], CurriculumSettings(enabled=True, window=2), group_size=4)
+def test_a_mid_pass_rate_without_signal_is_not_rewarded():
+    """Prompts each always or never solved: pass rate 0.5, yet every group is all-equal."""
+    c = Curriculum(["split", "mixed"], ON)
+    for _ in range(8):
+        c.observe({"split": [8, 4, 2, 0], "mixed": [8, 4, 2, 2]})
+    assert c.pass_rate("split") == pytest.approx(c.pass_rate("mixed"))
+    assert c.multipliers()["split"] < 0.2 < 0.99 < c.multipliers()["mixed"]
+
+
+def test_recent_rates_forget_at_the_window():
+    c = Curriculum(["d"], CurriculumSettings(enabled=True, window=2))
     for _ in range(20):
-        c.observe({"d": [4, 4]})  # solved...
+        c.observe({"d": [4, 4, 1, 0]})  # solved...
     for _ in range(6):
-        c.observe({"d": [4, 2]})  # ... then the data got harder: back to mid within a few batches
-    assert c.pass_rate("d") == pytest.approx(0.5, abs=0.02)
-    slow = Curriculum(["d"], CurriculumSettings(enabled=True, window=50), group_size=4)
-    for totals in [{"d": [4, 4]}] * 20 + [{"d": [4, 2]}] * 6:
+        c.observe({"d": [4, 2, 1, 1]})  # ... then the data got harder: back to mid within a few steps
+    assert c.pass_rate("d") == pytest.approx(0.5, abs=0.02) and c.signal_rate("d") > 0.98
+    slow = Curriculum(["d"], CurriculumSettings(enabled=True, window=50))
+    for totals in [{"d": [4, 4, 1, 0]}] * 20 + [{"d": [4, 2, 1, 1]}] * 6:
         slow.observe(totals)
-    assert slow.pass_rate("d") > 0.75  # a long window still remembers
+    assert slow.pass_rate("d") > 0.75 and slow.signal_rate("d") < 0.5  # a long window still remembers
 
 
 def fake_rewards(stream: CurriculumStream, batch: int, difficulty: dict[str, float], g: int) -> dict:
-    """Deterministic per-step (scored, passed) for the batch's slots: domain d passes a fraction
-    difficulty[d] of its completions (rounded), a stand-in for gathered verifier results."""
+    """Deterministic per-step totals for the batch's slots, a stand-in for gathered verifier results:
+    each slot's group passes about difficulty[d] x g of its completions."""
     totals: dict[str, list[int]] = {}
     p = stream.prompts_per_step
     for i in range(batch * p, (batch + 1) * p):
         name, idx = stream.slot(i)
-        passed = round(g * difficulty[name] + 0.3 * ((idx % 3) - 1))
-        scored, ok = totals.get(name, [0, 0])
-        totals[name] = [scored + g, ok + max(0, min(g, passed))]
+        passed = max(0, min(g, round(g * difficulty[name] + 0.3 * ((idx % 3) - 1))))
+        row = totals.setdefault(name, [0, 0, 0, 0])
+        row[0], row[1], row[2], row[3] = row[0] + g, row[1] + passed, row[2] + 1, row[3] + (0 < passed < g)
     return totals
 
 
@@ -78,13 +86,13 @@ def test_resumed_stream_draws_exactly_what_the_uninterrupted_one_drew():
     rng = random.Random(0)
     names = [f"d{i:02d}" for i in range(30)]
     difficulty = {n: rng.choice([0.0, 1.0, 0.5, 0.25]) for n in names}
-    straight = CurriculumStream(make_sampler(names), ON, 4, prompts_per_step=4)
+    straight = CurriculumStream(make_sampler(names), ON, prompts_per_step=4)
     full = run_stream(straight, 0, 40, difficulty)
 
-    first = CurriculumStream(make_sampler(names), ON, 4, prompts_per_step=4)
+    first = CurriculumStream(make_sampler(names), ON, prompts_per_step=4)
     head = run_stream(first, 0, 15, difficulty)
-    saved = json.loads(json.dumps(replay(make_sampler(names), ON, 4, 4, first.observations, 15).state_dict()))
-    resumed = replay(make_sampler(names), ON, 4, 4, saved["observations"], 15)
+    saved = json.loads(json.dumps(replay(make_sampler(names), ON, 4, first.observations, 15).state_dict()))
+    resumed = replay(make_sampler(names), ON, 4, saved["observations"], 15)
     assert resumed.state_dict() == saved  # what the resume check compares
     tail = run_stream(resumed, 15, 40, difficulty)
     assert head + tail == full
@@ -101,9 +109,9 @@ def test_resumed_stream_draws_exactly_what_the_uninterrupted_one_drew():
 def test_a_different_seed_or_log_gives_a_different_replay():
     names = [f"d{i}" for i in range(6)]
     difficulty = dict(zip(names, [0.0, 1.0, 0.5, 0.5, 1.0, 0.0]))
-    a = CurriculumStream(make_sampler(names, seed=1), ON, 4, 4)
-    b = CurriculumStream(make_sampler(names, seed=1), ON, 4, 4)
-    c = CurriculumStream(make_sampler(names, seed=2), ON, 4, 4)
+    a = CurriculumStream(make_sampler(names, seed=1), ON, 4)
+    b = CurriculumStream(make_sampler(names, seed=1), ON, 4)
+    c = CurriculumStream(make_sampler(names, seed=2), ON, 4)
     assert run_stream(a, 0, 12, difficulty) == run_stream(b, 0, 12, difficulty) != run_stream(c, 0, 12, difficulty)
 
 
@@ -166,25 +174,26 @@ def test_curriculum_off_the_stream_is_the_fixed_one(k):
 
 
 def test_a_draw_that_would_need_unobserved_rewards_is_refused():
-    stream = CurriculumStream(make_sampler(["a", "b"]), ON, 4, prompts_per_step=2)
+    stream = CurriculumStream(make_sampler(["a", "b"]), ON, prompts_per_step=2)
     stream.slot(3)  # batches 0 and 1 need no observation
     with pytest.raises(TrainingError, match="needs the rewards of step 1"):
         stream.slot(4)
     with pytest.raises(TrainingError, match="no gap"):
-        stream.observe(1, {"a": [4, 1]})
-    stream.observe(0, {"a": [4, 1]})
-    stream.observe(0, {"a": [4, 1]})  # the same step again (a re-logged step) is harmless
+        stream.observe(1, {"a": [4, 1, 1, 1]})
+    stream.observe(0, {"a": [4, 1, 1, 1]})
+    stream.observe(0, {"a": [4, 1, 1, 1]})  # the same step again (a re-logged step) is harmless
     with pytest.raises(TrainingError, match="twice with different counts"):
-        stream.observe(0, {"a": [4, 2]})
+        stream.observe(0, {"a": [4, 2, 1, 1]})
     assert stream.slot(4)[0] in ("a", "b")
 
 
 def test_lazy_dataset_renders_slots_when_read():
-    stream = CurriculumStream(make_sampler(["a", "b"]), ON, 4, prompts_per_step=2)
+    stream = CurriculumStream(make_sampler(["a", "b"]), ON, prompts_per_step=2)
     ds = lazy_dataset(stream, 8, lambda name, idx: {"prompt": f"{name}:{idx}", "domain": name})
     assert len(stream.slots) == 0  # nothing decided before the loader reads
     rows = ds.__getitems__([0, 0, 1, 1])
     assert [r["prompt"] for r in rows] == [f"{n}:{i}" for n, i in [stream.slot(0)] * 2 + [stream.slot(1)] * 2]
+    assert [r["slot"] for r in rows] == [0, 0, 1, 1]  # the reward function groups completions by it
     assert len(stream.slots) == 2
 
 
@@ -203,3 +212,25 @@ def test_settings_are_validated_and_fingerprinted_only_when_on(tmp_path):
     assert training_fingerprint(cfg({})) == training_fingerprint(cfg({"window": 9}))  # off: knobs change nothing
     assert training_fingerprint(cfg({})) != training_fingerprint(cfg({"enabled": True}))
     assert training_fingerprint(cfg({"enabled": True})) != training_fingerprint(cfg({"enabled": True, "window": 9}))
+
+
+def test_groups_are_joined_by_slot_across_ranks_and_judged_by_their_spread():
+    from temper.data.catalog import load_catalog
+    from temper.training.rewards import DomainRewards, step_totals
+    from tests.conftest import REPO
+
+    arithmetic = load_catalog(REPO / "domains")["arithmetic"]
+    record = json.dumps({"question": "2+3", "answer": "5"})
+    ranks = [DomainRewards([arithmetic]), DomainRewards([arithmetic])]
+    # slot 7's group of 4 is split over the two ranks: 2 right on rank 0, 2 wrong on rank 1 -> signal;
+    # slot 8's group is all right -> no signal; slot 9: one judged reward only -> not a judged group.
+    ranks[0](["p"] * 4, ["5", "5", "5", "5"], ["arithmetic"] * 4, [record] * 4, slot=[7, 7, 8, 8])
+    ranks[1](["p"] * 3, ["4", "4", "5"], ["arithmetic"] * 3, [record] * 3, slot=[7, 7, 8])
+    ranks[1](["p"] * 2, ["5", "5"], ["arithmetic"] * 2, [record] * 2, slot=[8, 9])
+    totals = step_totals([r.summary() for r in ranks], [r.groups for r in ranks])
+    assert totals == {"arithmetic": [9, 7, 2, 1]}  # [scored, passed, groups, groups with signal]
+    ranks[0].reset_stats()
+    assert ranks[0].groups == {}
+    plain = DomainRewards([arithmetic])  # the fixed stream has no slot column: nothing grouped
+    plain(["p"], ["5"], ["arithmetic"], [record])
+    assert plain.groups == {} and step_totals([plain.summary()], [plain.groups]) == {"arithmetic": [1, 1, 0, 0]}
