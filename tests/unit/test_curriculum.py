@@ -99,6 +99,11 @@ def test_resumed_stream_draws_exactly_what_the_uninterrupted_one_drew():
     assert resumed.observations == straight.observations
     assert resumed.weights(39) == straight.weights(39) and resumed.curriculum.state_dict() == \
         straight.curriculum.state_dict()
+    # every batch's weights stay within [floor, 1/floor] x the domain's base share
+    sampler = make_sampler(names)
+    base = {n: r / sum(sampler.ratios.values()) for n, r in sampler.ratios.items()}
+    ratios = [straight.weights(b)[n] / base[n] for b in range(40) for n in names]
+    assert ON.min_multiplier - 1e-12 <= min(ratios) < 0.5 and 1.2 < max(ratios) <= 1 / ON.min_multiplier + 1e-12
     # and the curriculum really moved: solved/hopeless domains were sampled less than mid ones late on
     late = [name for name, _ in full[-80:]]
     mid = [n for n in names if difficulty[n] in (0.5, 0.25)]
