@@ -185,8 +185,9 @@ def test_grpo_curriculum_resumes_with_the_same_online_stream_weights_and_losses(
     common = dict(mode="grpo", base_model=str(workspace / "tiny"), max_steps=6, save_steps=3, learning_rate=1e-3,
                   per_device_batch_size=8, num_generations=4, max_completion_length=4, temperature=1.0, beta=0.0,
                   curriculum={"enabled": True, "window": 2, "min_multiplier": 0.2})
-    status, lines = launch(write_config(workspace, "cur_straight", **common), "grpo")
+    status, lines = launch(write_config(workspace, "cur_straight", tracking=True, **common), "grpo")
     assert status == 0, "\n".join(lines[-40:])
+    run_id = next(line.split()[3] for line in lines if line.startswith("temper: MLflow run "))
     interrupted = write_config(workspace, "cur_interrupted", **common)
     status, lines = launch(interrupted, "grpo", stop_when="checkpoint step 3 synced")
     assert status == 130, "\n".join(lines[-40:])
@@ -205,6 +206,19 @@ def test_grpo_curriculum_resumes_with_the_same_online_stream_weights_and_losses(
         assert {f"weight/{d}" for d in DOMAINS} <= set(row), sorted(row)
         for key in (k for k in row if k == "loss" or k.startswith(("reward/", "weight/"))):
             assert abs(resumed[step].get(key, math.nan) - row[key]) <= 1e-6, (step, key, row, resumed[step])
+    # the weights over time in MLflow (the embedded store of the workspace's TEMPER_HOME)
+    import mlflow
+
+    from infra.lineage import configure
+
+    configure()
+    client = mlflow.MlflowClient()
+    history = client.get_metric_history(run_id, f"weight_{DOMAINS[0]}")
+    assert [(m.step, m.value) for m in history] == [(s, expected[s][f"weight/{DOMAINS[0]}"]) for s in range(1, 7)]
+    (workspace / "cur_mlflow").mkdir()
+    table = client.download_artifacts(run_id, "curriculum_weights.csv", str(workspace / "cur_mlflow"))
+    assert len(Path(table).read_text().splitlines()) == 1 + 6 * len(DOMAINS)
+    assert {a.path for a in client.list_artifacts(run_id)} >= {"curriculum_weights.png", "reward_heatmap.png"}
     # steps 1-2 are drawn before any reward is in (the catalog's ratios); later ones were steered
     key = f"weight/{DOMAINS[0]}"
     assert expected[1][key] == expected[2][key]
