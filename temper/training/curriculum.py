@@ -1,6 +1,6 @@
-"""Online GRPO curriculum: sampling weights that follow each domain's recent pass rate, replayable.
+"""Online GRPO curriculum: sampling weights that follow each domain's recent rewards, replayable.
 
-A GRPO group whose completions all pass (or all fail) has zero advantage and teaches nothing. At
+A GRPO group whose completions all get the same reward has zero advantage and teaches nothing. At
 hundreds of domains, many are solved or hopeless for the current model, so ``Curriculum`` moves
 sampling weight toward domains that are neither (the formula and defaults: ``CurriculumSettings``).
 It tracks each domain's recent pass rate, but weighs by the recent fraction of its groups that had
@@ -21,7 +21,7 @@ the stratified ``DomainMixSampler`` reweighted by the curriculum. Exactness rest
   on timing. A draw that would need an observation not yet made raises instead of guessing.
 * The observation log is the whole input, so it is the checkpointed state: a resumed run replays
   it from a fresh sampler to the checkpoint's step (and checks the replay against the saved
-  snapshot of counts, targets, pass-rate estimates and weights), then continues. There is no
+  snapshot of counts, targets, rate estimates, weights and stream hash), then continues. There is no
   other randomness: ties and record orders come from the seed, as in the fixed mix.
 """
 
