@@ -18,11 +18,12 @@ from transformers import TrainerCallback
 from infra import lineage
 from temper.core.settings import Settings
 from temper.training import checkpoint as ckpt
-from temper.training.charts import domain_heatmap_png, domain_table_csv, read_metrics
-from temper.training.config import TrainConfig
+from temper.training.charts import curriculum_weights_csv, domain_heatmap_png, domain_table_csv, read_metrics
+from temper.training.config import TrainConfig, TrainingError
 from temper.training.export import log_and_register, reward_curve_png
 from temper.training.progress import progress_line
-from temper.training.rewards import DomainRewards, merge_summaries
+from temper.training.curriculum import CurriculumStream
+from temper.training.rewards import DomainRewards, merge_summaries, step_totals
 
 
 def _dist():
@@ -56,11 +57,13 @@ def tracking_enabled(cfg: TrainConfig, settings: Settings) -> bool:
 
 class TemperCallback(TrainerCallback):
     def __init__(self, cfg: TrainConfig, settings: Settings, *, digests: dict[str, str], uris: dict[str, str],
-                 frames: dict[str, Any], sampler_factory: Callable, rewards: DomainRewards | None,
-                 base_model: str) -> None:
+                 frames: dict[str, Any], sampler_state: Callable[[int], dict], rewards: DomainRewards | None,
+                 base_model: str, stream: CurriculumStream | None = None) -> None:
         self.cfg, self.settings = cfg, settings
         self.digests, self.uris, self.frames = digests, uris, frames
-        self.sampler_factory, self.rewards, self.base_model = sampler_factory, rewards, base_model
+        self.sampler_state, self.rewards, self.base_model = sampler_state, rewards, base_model
+        self.stream = stream
+        self._reward_parts: list[dict] | None = None
         self.out = Path(cfg.output_dir)
         self.main = _rank() == 0
         self.local_main = int(os.environ.get("LOCAL_RANK", "0")) == 0
@@ -104,18 +107,33 @@ class TemperCallback(TrainerCallback):
 
     def on_step_end(self, args, state, control, **kw):
         self._last_step_time = time.perf_counter() - self._t_step
+        if self.rewards is None:
+            return
+        # Every rank scored its own samples: combine them on every rank, once per step, so that the
+        # curriculum (which must decide identically everywhere) and the metrics see the same counts.
+        batch = state.global_step - 1
+        part = {"rewards": self.rewards.summary(), "groups": dict(self.rewards.groups),
+                "stream": self.stream.digest(batch) if self.stream is not None else None}
+        self.rewards.reset_stats()
+        dist = _dist()
+        parts = [part]
+        if dist is not None:
+            parts = [None] * dist.get_world_size()
+            dist.all_gather_object(parts, part)
+        self._reward_parts = [p["rewards"] for p in parts]
+        if self.stream is not None:
+            if len({p["stream"] for p in parts}) != 1:  # would silently train each rank on another mix
+                raise TrainingError(f"run {self.cfg.run_name}: step {state.global_step}: ranks drew different "
+                                    "curriculum streams")
+            self.stream.observe(batch, step_totals(self._reward_parts, [p["groups"] for p in parts]))
 
     def on_log(self, args, state, control, logs=None, **kw):
         logs = dict(logs or {})
-        if self.rewards is not None:  # every rank scored its own samples: combine them
-            part = self.rewards.summary()
-            self.rewards.reset_stats()
-            dist = _dist()
-            parts = [part]
-            if dist is not None:
-                parts = [None] * dist.get_world_size()
-                dist.all_gather_object(parts, part)
-            logs.update(merge_summaries(parts))
+        if self._reward_parts is not None:
+            logs.update(merge_summaries(self._reward_parts))
+            self._reward_parts = None
+            weights = self.stream.weights(state.global_step - 1) if self.stream is not None else None
+            logs.update({f"weight/{name}": w for name, w in (weights or {}).items()})
         if not self.main or "loss" not in logs and "train_loss" not in logs:
             return
         now = time.perf_counter()
@@ -135,7 +153,7 @@ class TemperCallback(TrainerCallback):
             # lazy: mlflow (1.6 s) would load in fast unit tests (test_domain_roles.py)
             import mlflow
 
-            mlflow.log_metrics({k.replace("/", "_") if k.startswith(("reward/", "pass_rate/", "none_rate/")) else k: v
+            mlflow.log_metrics({k.replace("/", "_") if k.startswith(("reward/", "pass_rate/", "none_rate/", "weight/")) else k: v
                                 for k, v in row.items() if k != "step"}, step=state.global_step)
 
     def on_save(self, args, state, control, **kw):
@@ -144,9 +162,8 @@ class TemperCallback(TrainerCallback):
             dist.barrier()  # every rank has written its partitions and RNG state
         directory = self.out / f"checkpoint-{state.global_step}"
         if self.local_main and directory.is_dir():
-            sampler = self.sampler_factory()
-            sampler.take(state.global_step * self.cfg.prompts_per_step)
-            ckpt.write_state(directory, self.cfg, sampler.state_dict(), self.digests, state.global_step)
+            ckpt.write_state(directory, self.cfg, self.sampler_state(state.global_step), self.digests,
+                             state.global_step)
             uri = ckpt.sync_to_store(self.cfg, directory, self.settings)
             print(f"temper: checkpoint step {state.global_step} synced to {uri}", flush=True)
         if dist is not None:
@@ -167,6 +184,13 @@ class TemperCallback(TrainerCallback):
         if heatmap is not None:
             mlflow.log_artifact(str(heatmap))
             mlflow.log_text(domain_table_csv(rows), "per_domain_rewards.csv")
+        weights = curriculum_weights_csv(rows)
+        if weights is not None:
+            mlflow.log_text(weights, "curriculum_weights.csv")
+            heatmap = domain_heatmap_png(rows, self.out / "curriculum_weights.png", prefix="weight/",
+                                         title="curriculum sampling weight per domain and step")
+            if heatmap is not None:
+                mlflow.log_artifact(str(heatmap))
         if result.get("model_dir") and self.cfg.register_as:
             result["model_version"] = log_and_register(result["model_dir"], self.cfg.register_as)
         result.update(mlflow_run_id=self.mlflow_run.info.run_id, mlflow_experiment=self.cfg.mlflow_experiment,

@@ -92,6 +92,8 @@ def training_fingerprint(cfg: TrainConfig) -> str:
     """Hash of the config fields that define the optimisation (lr, batch, model, seed, ...)."""
     fields = cfg.model_dump(mode="json", exclude=RESUMABLE_CHANGES | {"sft", "grpo"})
     fields["stage"] = cfg.stage.model_dump(mode="json", exclude=RESUMABLE_CHANGES)
+    if not fields["stage"].get("curriculum", {}).get("enabled", True):
+        del fields["stage"]["curriculum"]  # off, its knobs change nothing (and older checkpoints had none)
     return hashlib.sha256(json.dumps(fields, sort_keys=True).encode()).hexdigest()[:16]
 
 

@@ -69,6 +69,33 @@ class SFTSettings(StageSettings):
     max_length: int = Field(default=128, ge=1, description="Prompt+completion tokens kept per sample.")
 
 
+class CurriculumSettings(BaseModel):
+    """Online domain curriculum of GRPO (``temper.training.curriculum``): why and how it reweights.
+
+    A group whose G completions all get the same reward has zero advantage, so it costs a rollout
+    and teaches nothing; at hundreds of domains many are solved or hopeless for the current model.
+    With ``enabled``, each domain's recent pass rate and recent signal rate s (the fraction of its
+    groups whose rewards were not all equal; decayed counts over its last ~``window`` sampled steps)
+    are tracked, and s sets a multiplier on its base sampling ratio:
+    ``min_multiplier + (1 - min_multiplier) * s``. Solved (pass rate 1) and hopeless (0) domains have
+    s = 0 and sink to the floor; the target band is where groups really split, which the pass rate
+    alone cannot tell (prompts each always or never solved give a mid pass rate and no signal;
+    partial credit gives signal at pass rate 0). An unseen domain counts as s = 1, so it is tried.
+    Each domain's share stays within [min_multiplier, 1/min_multiplier] x its base share: none
+    starves, none takes over. Off by default: the stream is then exactly the fixed one.
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    enabled: bool = Field(default=False, description="Reweight domains toward those neither solved nor hopeless "
+                          "(by their recent GRPO pass rate). Off = the fixed stratified mix.")
+    window: float = Field(default=4.0, ge=1, description="Sampled steps of a domain its recent pass and signal "
+                          "rates average over (older ones decay by 1 - 1/window each time the domain is seen).")
+    min_multiplier: float = Field(default=0.1, gt=0, le=1,
+                                  description="Floor of a domain's multiplier (peak 1): a solved or hopeless "
+                                  "domain keeps at least this fraction of its weight, so no domain starves.")
+
+
 class GRPOSettings(StageSettings):
     """Multi-domain GRPO: sampled completions scored by each domain's verifier."""
 
@@ -80,6 +107,8 @@ class GRPOSettings(StageSettings):
     max_completion_length: int = Field(default=4, ge=1, description="Longest sampled completion, in tokens.")
     temperature: float = Field(default=0.8, gt=0, description="Sampling temperature of the rollouts.")
     beta: float = Field(default=0.0, ge=0, description="KL coefficient against the reference model (0 = no ref model).")
+    curriculum: CurriculumSettings = Field(default_factory=CurriculumSettings,
+                                           description="Online domain curriculum by recent pass rate (off by default).")
 
 
 def check_grpo_batch(grpo: GRPOSettings, world_size: int, where: str = "grpo") -> None:

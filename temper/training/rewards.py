@@ -43,6 +43,7 @@ class DomainRewards:
 
     def reset_stats(self) -> None:
         self.stats: dict[str, dict[str, float]] = defaultdict(lambda: {"n": 0, "sum": 0.0, "passed": 0, "none": 0})
+        self.groups: dict[int, list] = {}  # stream slot -> [domain, its completions' rewards] (curriculum runs)
 
     async def ascore_all(self, domains: list[str], records: list[dict], texts: list[str]) -> list[float | None]:
         async def one(name: str, record: dict, text: str) -> float | None:
@@ -64,10 +65,13 @@ class DomainRewards:
         return out
 
     def __call__(self, prompts: list[Any], completions: list[Any], domain: list[str], record: list[str],
-                 **_: Any) -> list[float | None]:
+                 slot: list[int] | None = None, **_: Any) -> list[float | None]:
         records = [json.loads(r) if isinstance(r, str) else r for r in record]
         texts = [completion_text(c) for c in completions]
-        return asyncio.run(self.ascore_all(list(domain), records, texts))
+        rewards = asyncio.run(self.ascore_all(list(domain), records, texts))
+        for index, name, reward in zip(slot or [], domain, rewards):  # a group = the completions of one slot
+            self.groups.setdefault(int(index), [name, []])[1].append(reward)
+        return rewards
 
     def summary(self) -> dict[str, dict[str, float]]:
         return {name: dict(s) for name, s in self.stats.items()}
@@ -89,6 +93,32 @@ def merge_summaries(parts: list[dict[str, dict[str, float]]]) -> dict[str, float
         if seen:
             metrics[f"none_rate/{name}"] = s["none"] / seen
     return metrics
+
+
+def step_totals(parts: list[dict[str, dict[str, float]]], group_parts: list[dict[int, list]]) -> dict[str, list[int]]:
+    """One step's per-rank stats -> {domain: [scored, passed, groups, groups with signal]} over all ranks.
+
+    A group is one slot's completions (a slot's group may be split over ranks, so groups are joined
+    by slot first); it has signal when its judged rewards are not all equal (GRPO's advantage is then
+    not zero). Integers, so every rank that sums the same gathered parts gets the same totals.
+    """
+    total: dict[str, list[int]] = {}
+    for part in parts:
+        for name, s in part.items():
+            row = total.setdefault(name, [0, 0, 0, 0])
+            row[0] += int(s["n"])
+            row[1] += int(s["passed"])
+    joined: dict[int, list] = {}
+    for part in group_parts:
+        for index, (name, rewards) in part.items():
+            joined.setdefault(index, [name, []])[1].extend(rewards)
+    for name, rewards in joined.values():
+        judged = [r for r in rewards if r is not None]
+        if len(judged) >= 2:
+            row = total.setdefault(name, [0, 0, 0, 0])
+            row[2] += 1
+            row[3] += max(judged) - min(judged) > 1e-6
+    return dict(sorted(total.items()))
 
 
 def greedy_mean_reward(model_dir: str, domains: list[Domain], frames: dict[str, Any], max_new_tokens: int = 8,

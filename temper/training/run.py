@@ -6,6 +6,8 @@ consumed in order (no trainer-side shuffle), exactly ``max_steps`` steps of it, 
 is no trainer epoch boundary: step s always sees slots [s*P, (s+1)*P). On resume the
 Trainer skips the consumed batches and restores model/optimizer/scheduler/RNG; we check
 that the sampler state replayed to that step equals the one saved in the checkpoint.
+With the GRPO curriculum on, the same slots are decided online instead (``curriculum.py``:
+drawn when the loader reads them, from the rewards observed so far, replayed on resume).
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from temper.training import checkpoint as ckpt
 from temper.training.callbacks import TemperCallback
 from temper.training.config import TrainConfig, TrainingError
 from temper.training.deepspeed import write_launch_configs
+from temper.training.curriculum import CurriculumStream, lazy_dataset, replay
 from temper.training.disk import disk_full_is_named, folder_bytes
 from temper.training.mixing import DomainMixSampler
 from temper.training.rewards import DomainRewards
@@ -98,18 +101,51 @@ def new_sampler(cfg: TrainConfig, domains: list[Domain], frames: dict[str, Any])
                             seed=cfg.seed)
 
 
-def build_stream(cfg: TrainConfig, domains: list[Domain], frames: dict[str, Any]) -> list[dict[str, str]]:
+def row_renderer(cfg: TrainConfig, domains: list[Domain], frames: dict[str, Any]):
+    """(domain, record index) -> the trainer's row: prompt, domain, and the record (GRPO) or reference (SFT)."""
     by_name = {d.name: d for d in domains}
-    rows = []
-    for name, idx in new_sampler(cfg, domains, frames).take((cfg.stage.max_steps + 1) * cfg.prompts_per_step):
+
+    def render(name: str, idx: int) -> dict[str, str]:
         record = {k: (v.item() if hasattr(v, "item") else v) for k, v in frames[name].iloc[idx].to_dict().items()}
         row = {"prompt": by_name[name].render_prompt(record), "domain": name}
         if cfg.mode == "sft":
             row["completion"] = str(record["reference"])
         else:
             row["record"] = json.dumps(record, default=str)
-        rows.append(row)
-    return rows
+        return row
+
+    return render
+
+
+def stream_slots(cfg: TrainConfig) -> int:
+    return (cfg.stage.max_steps + 1) * cfg.prompts_per_step
+
+
+def build_stream(cfg: TrainConfig, domains: list[Domain], frames: dict[str, Any]) -> list[dict[str, str]]:
+    """The fixed stream, materialised up front (no curriculum)."""
+    render = row_renderer(cfg, domains, frames)
+    return [render(name, idx) for name, idx in new_sampler(cfg, domains, frames).take(stream_slots(cfg))]
+
+
+def curriculum_on(cfg: TrainConfig) -> bool:
+    return cfg.mode == "grpo" and cfg.grpo.curriculum.enabled
+
+
+def new_stream(cfg: TrainConfig, domains: list[Domain], frames: dict[str, Any], observations: list | None = None,
+               step: int = 0) -> CurriculumStream:
+    """The curriculum's online stream after ``step`` steps of the given observation log."""
+    return replay(new_sampler(cfg, domains, frames), cfg.grpo.curriculum, cfg.prompts_per_step, observations or [],
+                  step)
+
+
+def sampler_state(cfg: TrainConfig, domains: list[Domain], frames: dict[str, Any],
+                  stream: CurriculumStream | None, step: int) -> dict:
+    """What a checkpoint at ``step`` records of the stream: replayed from scratch, so it is canonical."""
+    if stream is None:
+        sampler = new_sampler(cfg, domains, frames)
+        sampler.take(step * cfg.prompts_per_step)
+        return sampler.state_dict()
+    return new_stream(cfg, domains, frames, stream.observations, step).state_dict()
 
 
 def _args(cfg: TrainConfig, ds_json: str | None):
@@ -158,19 +194,29 @@ def train(cfg: TrainConfig, settings: Settings | None = None) -> dict[str, Any]:
     # from_pretrained needs it), which the Trainer then adopts (use_configured_state).
     state = PartialState(backend="gloo") if cfg.deepspeed else PartialState(cpu=True)
     args = _args(cfg, ds_json)
-    resume_from = None
+    resume_from, stream = None, None
+    if curriculum_on(cfg):
+        stream = new_stream(cfg, domains, frames)
     if cfg.resume == "auto":
         with state.local_main_process_first():
             resume_from = ckpt.latest_checkpoint(cfg, settings)
     if resume_from is not None:
         saved = ckpt.check_resume(cfg, resume_from, digests)
         if saved["dataset_changed"]:
+            if stream is not None:  # the new data's stream from scratch, steered by the rewards seen so far
+                stream = CurriculumStream(new_sampler(cfg, domains, frames), cfg.grpo.curriculum,
+                                          cfg.prompts_per_step, saved["sampler"].get("observations", []))
             log.warning("run %s: dataset changed since %s; continuing from step %d over the NEW data "
                         "(allow_dataset_change: true)", cfg.run_name, resume_from.name, saved["step"])
+        elif curriculum_on(cfg):  # replay the checkpoint's observation log: the stream it drew, exactly
+            stream = new_stream(cfg, domains, frames, saved["sampler"]["observations"], saved["step"])
+            if stream.state_dict() != saved["sampler"]:
+                raise TrainingError(f"run {cfg.run_name}: {resume_from}: the curriculum's replayed stream differs "
+                                    "from the checkpoint's (sampling ratios, seed or batch size changed); use a new "
+                                    "run_name")
         else:
-            replay = new_sampler(cfg, domains, frames)
-            replay.take(saved["step"] * cfg.prompts_per_step)
-            if replay.state_dict() != saved["sampler"]:
+            replayed = sampler_state(cfg, domains, frames, None, saved["step"])
+            if replayed != saved["sampler"]:
                 raise TrainingError(f"run {cfg.run_name}: {resume_from}: domain sampler state differs from this "
                                     "config's (sampling ratios, seed or batch size changed); use a new run_name")
         if state.is_main_process:
@@ -181,7 +227,10 @@ def train(cfg: TrainConfig, settings: Settings | None = None) -> dict[str, Any]:
         tokenizer.pad_token = tokenizer.eos_token
     tokenizer.padding_side = "left"
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
-    train_ds = datasets.Dataset.from_list(build_stream(cfg, domains, frames))
+    if stream is None:
+        train_ds = datasets.Dataset.from_list(build_stream(cfg, domains, frames))
+    else:  # decided online, batch by batch, from the curriculum's weights
+        train_ds = lazy_dataset(stream, stream_slots(cfg), row_renderer(cfg, domains, frames))
 
     rewards = None
     if cfg.mode == "sft":
@@ -199,7 +248,8 @@ def train(cfg: TrainConfig, settings: Settings | None = None) -> dict[str, Any]:
                               processing_class=tokenizer)
 
     callback = TemperCallback(cfg, settings, digests=digests, uris=uris, frames=frames,
-                              sampler_factory=lambda: new_sampler(cfg, domains, frames), rewards=rewards,
+                              sampler_state=lambda step: sampler_state(cfg, domains, frames, stream, step),
+                              stream=stream, rewards=rewards,
                               base_model=cfg.base_model)
     trainer.add_callback(callback)
     trainer.remove_callback(PrinterCallback)  # raw metric dicts; the callback prints one readable line instead

@@ -212,3 +212,50 @@ def test_disk_full_at_a_checkpoint_names_folder_and_bytes_and_the_previous_check
     assert status == 0, "\n".join(lines[-30:])
     assert any("resuming from" in line and "checkpoint-2" in line for line in lines)
     assert sorted(losses(out)) == [1, 2, 3, 4]
+
+
+def test_grpo_curriculum_resumes_with_the_same_online_stream_weights_and_losses(workspace):
+    """With the curriculum on, each step's prompts are decided from rewards gathered over both ranks
+    during the run; a run killed after its step-3 checkpoint must replay those decisions and go on
+    to draw the same stream (hash chain of every slot and weight), weights and losses."""
+    common = dict(mode="grpo", base_model=str(workspace / "tiny"), max_steps=6, save_steps=3, learning_rate=1e-3,
+                  per_device_batch_size=8, num_generations=4, max_completion_length=4, temperature=1.0, beta=0.0,
+                  curriculum={"enabled": True, "window": 2, "min_multiplier": 0.2})
+    status, lines = launch(write_config(workspace, "cur_straight", tracking=True, **common), "grpo")
+    assert status == 0, "\n".join(lines[-40:])
+    run_id = next(line.split()[3] for line in lines if line.startswith("temper: MLflow run "))
+    interrupted = write_config(workspace, "cur_interrupted", **common)
+    status, lines = launch(interrupted, "grpo", stop_when="checkpoint step 3 synced")
+    assert status == 130, "\n".join(lines[-40:])
+    status, lines = launch(interrupted, "grpo")
+    assert status == 0, "\n".join(lines[-40:])
+    assert any("resuming from" in line and "checkpoint-3" in line for line in lines)
+
+    final = {name: json.loads((workspace / name / "checkpoint-6" / "temper_state.json").read_text())["sampler"]
+             for name in ("cur_straight", "cur_interrupted")}
+    assert final["cur_straight"]["batches"] == 6 and len(final["cur_straight"]["observations"]) == 6
+    assert final["cur_interrupted"] == final["cur_straight"]  # same stream digest, counts, estimates, log
+
+    expected, resumed = step_metrics(workspace / "cur_straight"), step_metrics(workspace / "cur_interrupted")
+    assert sorted(resumed) == sorted(expected) == list(range(1, 7))
+    for step, row in expected.items():
+        assert {f"weight/{d}" for d in DOMAINS} <= set(row), sorted(row)
+        for key in (k for k in row if k == "loss" or k.startswith(("reward/", "weight/"))):
+            assert abs(resumed[step].get(key, math.nan) - row[key]) <= 1e-6, (step, key, row, resumed[step])
+    # the weights over time in MLflow (the embedded store of the workspace's TEMPER_HOME)
+    import mlflow
+
+    from infra.lineage import configure
+
+    configure()
+    client = mlflow.MlflowClient()
+    history = client.get_metric_history(run_id, f"weight_{DOMAINS[0]}")
+    assert [(m.step, m.value) for m in history] == [(s, expected[s][f"weight/{DOMAINS[0]}"]) for s in range(1, 7)]
+    (workspace / "cur_mlflow").mkdir()
+    table = client.download_artifacts(run_id, "curriculum_weights.csv", str(workspace / "cur_mlflow"))
+    assert len(Path(table).read_text().splitlines()) == 1 + 6 * len(DOMAINS)
+    assert {a.path for a in client.list_artifacts(run_id)} >= {"curriculum_weights.png", "reward_heatmap.png"}
+    # steps 1-2 are drawn before any reward is in (the catalog's ratios); later ones were steered
+    key = f"weight/{DOMAINS[0]}"
+    assert expected[1][key] == expected[2][key]
+    assert any(abs(expected[s][key] - expected[1][key]) > 1e-3 for s in range(3, 7)), expected

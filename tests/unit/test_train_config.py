@@ -152,3 +152,26 @@ def test_progress_line_is_one_compact_line():
     assert resumed.endswith("ETA 0:20") and is_progress(resumed)
     assert progress_line("sft", 40, 40, {"loss": 1.0}, 10.0, 5) == "temper: sft step 40/40 | loss 1"
     assert not is_progress("{'loss': '4.654', 'grad_norm': '4.874'}")
+
+
+def test_curriculum_parameter_reaches_the_trainer_and_bad_values_fail_at_flow_start(tmp_path):
+    """post_training's grpo.curriculum (form or parameters file) -> the GRPO job's config file -> TrainConfig."""
+    from tasks.training import stage_config
+
+    assert PostTrainingParams().grpo.curriculum.enabled is False  # off by default
+    assert "curriculum" in PostTrainingParams.model_json_schema()["$defs"]["GRPOSettings"]["properties"]
+    params_file = tmp_path / "params.yaml"
+    params_file.write_text("grpo:\n  curriculum: {enabled: true, window: 8, min_multiplier: 0.25}\n")
+    params = load_params(str(params_file))
+    cfg = stage_config("grpo", params, "/sft", "pt-x", tmp_path)
+    job_file = tmp_path / "grpo.yaml"  # what train_stage writes for the job
+    job_file.write_text(yaml.safe_dump(cfg.to_yaml_dict(), sort_keys=False))
+    curriculum = load_config(job_file).grpo.curriculum
+    assert (curriculum.enabled, curriculum.window, curriculum.min_multiplier) == (True, 8, 0.25)
+
+    params_file.write_text("grpo:\n  curriculum: {enabled: true, min_multiplier: 1.5}\n")
+    with pytest.raises(TemperError, match=r"params.yaml.*grpo.curriculum.min_multiplier"):
+        load_params(str(params_file))
+    params_file.write_text("grpo:\n  curriculum: {enable: true}\n")  # a typo is not silently ignored
+    with pytest.raises(TemperError, match=r"grpo.curriculum.enable"):
+        load_params(str(params_file))

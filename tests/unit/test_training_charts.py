@@ -46,3 +46,19 @@ def test_reward_curve_still_renders_at_300_domains_and_one_domain_gets_no_heatma
     assert png.exists() and plt.get_fignums() == before
     (tmp_path / "one").mkdir()
     assert domain_heatmap_png(read_metrics(_metrics(tmp_path / "one", n_domains=1)), tmp_path / "none.png") is None
+
+
+def test_curriculum_weights_table_and_heatmap_over_300_domains(tmp_path):
+    from PIL import Image
+
+    from temper.training.charts import curriculum_weights_csv
+
+    names = [f"rg-task{i:03d}-easy" for i in range(300)]
+    rows = [{"step": s, "loss": 0.1, **{f"weight/{d}": (1 + (i + s) % 3) / 600 for i, d in enumerate(names)}}
+            for s in range(1, 11)]
+    table = list(csv.DictReader(io.StringIO(curriculum_weights_csv(rows))))
+    assert len(table) == 300 * 10 and {r["domain"] for r in table} == set(names)
+    assert float(table[0]["weight"]) == rows[0][f"weight/{table[0]['domain']}"]
+    png = domain_heatmap_png(rows, tmp_path / "w.png", prefix="weight/", title="weights")
+    assert Image.open(png).size[1] >= 300 * 8 * 0.9
+    assert curriculum_weights_csv([{"step": 1, "reward/a": 1.0}]) is None  # curriculum off: no table
