@@ -1,0 +1,103 @@
+"""Faults around a real post_training run: the tracking server goes away and comes back.
+
+The MLflow server here is the test's own (not the session's), so it can be stopped and started
+again on the same port and the same sqlite store, as an operator restarting it would.
+"""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+import subprocess
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.integration.conftest import BIN, _wait_http, free_port, generate, stop_process
+
+pytestmark = pytest.mark.slow
+
+
+class RestartableMlflow:
+    """`mlflow server` over one sqlite file and artifact folder, stoppable and restartable on its port."""
+
+    def __init__(self, root: Path) -> None:
+        self.root, self.port = root, free_port()
+        self.uri = f"http://127.0.0.1:{self.port}"
+        self.proc: subprocess.Popen | None = None
+        self.start()
+
+    def start(self) -> None:
+        log = self.root / "server.log"
+        self.proc = subprocess.Popen(
+            [str(BIN / "mlflow"), "server", "--host", "127.0.0.1", "--port", str(self.port), "--workers", "1",
+             "--backend-store-uri", f"sqlite:///{self.root / 'mlflow.db'}",
+             "--artifacts-destination", str(self.root / "artifacts"), "--serve-artifacts"],
+            stdout=log.open("a"), stderr=subprocess.STDOUT, start_new_session=True,
+            env={**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"})
+        _wait_http(self.uri + "/health", self.proc, 120, log)
+
+    def stop(self) -> None:
+        stop_process(self.proc)
+
+    def grpo_steps_logged(self) -> int:
+        """Steps of GRPO loss the store holds so far (read from the sqlite file, whether or not the server is up)."""
+        with sqlite3.connect(self.root / "mlflow.db") as db:
+            row = db.execute("SELECT COUNT(*) FROM metrics m JOIN tags t ON t.run_uuid = m.run_uuid "
+                             "WHERE t.key = 'temper.stage' AND t.value = 'grpo' AND m.key = 'loss'").fetchone()
+        return row[0]
+
+
+@pytest.fixture
+def own_mlflow(tmp_path, temper_home, prefect_api, monkeypatch):
+    from temper.core.settings import get_settings
+
+    server = RestartableMlflow(tmp_path / "mlflow")
+    monkeypatch.setenv("TEMPER_TRACKING_URI", server.uri)
+    get_settings.cache_clear()
+    generate("arithmetic")
+    yield server
+    server.stop()
+
+
+def test_mlflow_down_during_grpo_loses_nothing_and_the_run_finishes(own_mlflow):
+    """The server is stopped after GRPO's first logged step and started again 20 s later on the same
+    store. MLflow's client retries (7 with exponential backoff: ~4 min) carry the training job's
+    logging over the gap; every GRPO step's loss is in the store, and the lifecycle run ends FINISHED."""
+    from mlflow.tracking import MlflowClient
+
+    from flows.post_training import post_training
+    from temper.lifecycle.params import EvalSettings, GRPOSettings, PostTrainingParams, SFTStage
+
+    steps = 8
+    outage: dict[str, float] = {}
+
+    def cut_the_server() -> None:
+        deadline = time.monotonic() + 900
+        while own_mlflow.grpo_steps_logged() < 1 and time.monotonic() < deadline:
+            time.sleep(0.5)
+        outage["stopped_at_step"] = own_mlflow.grpo_steps_logged()
+        own_mlflow.stop()
+        time.sleep(20)
+        outage["steps_while_down"] = own_mlflow.grpo_steps_logged()
+        own_mlflow.start()
+
+    saboteur = threading.Thread(target=cut_the_server, daemon=True)
+    saboteur.start()
+    params = PostTrainingParams(model_name="temper-faults", domains=["arithmetic"], sft=SFTStage(enabled=False),
+                                grpo=GRPOSettings(max_steps=steps), eval=EvalSettings(limit=8))
+    state = post_training(params, return_state=True)
+    saboteur.join(timeout=60)
+    assert state.is_completed(), state.message
+    assert outage["stopped_at_step"] >= 1 and outage["steps_while_down"] == outage["stopped_at_step"], outage
+
+    client = MlflowClient(own_mlflow.uri)
+    lifecycle = client.get_run(state.result()["lifecycle_run_id"])
+    assert lifecycle.info.status == "FINISHED"
+    children = client.search_runs([lifecycle.info.experiment_id], f"tags.mlflow.parentRunId = '{lifecycle.info.run_id}'")
+    grpo = next(r for r in children if r.data.tags.get("temper.stage") == "grpo")
+    assert grpo.info.status == "FINISHED"
+    assert sorted(m.step for m in client.get_metric_history(grpo.info.run_id, "loss")) == list(range(1, steps + 1))
+    assert {"grpo", "register"} <= {r.data.tags.get("temper.stage") for r in children}
