@@ -137,13 +137,16 @@ class ApiServer:
         raise ApiError(405, "MethodNotAllowed", f"{request.method} is not supported on a collection here")
 
     def _admitter(self, kind: str, ns: str):
-        if kind == "Pod":
-            return lambda obj: admission.admit_pod(self.store, ns, obj)
-        if kind == "Job":
-            return admission.admit_job
-        if kind == "Service":
-            return lambda obj: obj.setdefault("spec", {}).setdefault("type", "ClusterIP")
-        return None
+        def admit(obj: dict) -> None:
+            if ns:
+                admission.check_object_count(self.store, ns, kind, obj["metadata"]["name"])
+            if kind == "Pod":
+                admission.admit_pod(self.store, ns, obj)
+            elif kind == "Job":
+                admission.admit_job(obj)
+            elif kind == "Service":
+                obj.setdefault("spec", {}).setdefault("type", "ClusterIP")
+        return admit
 
     # --- items -----------------------------------------------------------------------------------
     async def _item(self, request, kind: Kind, ns: str, name: str):
