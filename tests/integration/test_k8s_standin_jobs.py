@@ -57,8 +57,11 @@ def test_indexed_ranks_get_their_index_env_and_resolve_each_other(k8s_cluster):
               'getent hosts "$MASTER_ADDR" "$(hostname).ranks" "$(hostname).ranks.temper.svc.cluster.local" >/dev/null '
               '&& echo resolved')
     lines: list[str] = []
+    start = time.monotonic()
     attempt = launcher(k8s_cluster).submit(job_with("ranks", script), lines.append)
     launcher(k8s_cluster).watch(attempt, lines.append)
+    print(f"\nstand-in overhead: 2-pod Job of `sh` ranks, submit -> Complete seen by the launcher: "
+          f"{time.monotonic() - start:.2f}s (launcher poll {OPTS.poll_interval_s}s)")
     for i in (0, 1):
         assert any(f"rank={i} index={i} host=ranks-{i} master=ranks-0.ranks" in line for line in lines), lines
     assert sum("resolved" in line for line in lines) == 2, lines
@@ -153,6 +156,19 @@ def test_bad_input_fails_in_one_line_naming_the_object_and_leaves_nothing(k8s_cl
     assert "\n" not in str(e.value) and "Job 'refused'" in str(e.value) and "exceeded quota: no-jobs" in str(e.value)
     assert "created Service temper/refused" in lines and "deleted Service temper/refused" in lines
     assert k8s_cluster.leftovers(NS) == {}  # what the attempt created is gone
+
+    # A Job whose pods can never be created (no such service account): the Job exists, its pods do
+    # not, and the Job controller says why in a FailedCreate Event (as kube-controller-manager does).
+    k.CoreV1Api(k8s_cluster.api_client).delete_namespaced_resource_quota("no-jobs", NS)
+    objs = job_with("no-sa", "true")
+    objs[-1].spec.template.spec.service_account_name = "nobody"
+    attempt = launcher(k8s_cluster).submit(objs, lambda _: None)
+    core = k.CoreV1Api(k8s_cluster.api_client)
+    events = k8s_cluster.wait_for("FailedCreate event", lambda: core.list_namespaced_event(
+        NS, field_selector="involvedObject.name=no-sa").items)
+    assert events[0].reason == "FailedCreate" and 'serviceaccount "nobody" not found' in events[0].message
+    assert pods_of(k8s_cluster, "no-sa") == []
+    launcher(k8s_cluster).cleanup(attempt, lambda _: None)
 
     unreachable = KubernetesLauncher(ClusterApi(k.ApiClient(k.Configuration(host="http://127.0.0.1:9"))), OPTS)
     with pytest.raises(KubernetesError) as e:

@@ -38,6 +38,7 @@ NS = "temper"
 DOMAINS = ["arithmetic", "multiplication"]
 STEPS = 12
 TIMINGS: dict[str, dict[str, float]] = {}
+POD_OUT = "/tmp/temper-run"  # output_dir inside each pod: its /tmp emptyDir
 
 
 @pytest.fixture(scope="module")
@@ -63,6 +64,7 @@ def workspace(tiny_model):
         yield root
     get_settings.cache_clear()
     shutil.rmtree(root, ignore_errors=True)
+    shutil.rmtree(POD_OUT, ignore_errors=True)  # training_job wrote the launch configs here, on this machine
 
 
 def write_config(root: Path, name: str, output_dir: str) -> Path:
@@ -78,7 +80,7 @@ def k8s_spec(root: Path, name: str):
     """The JobSpec a flow would submit: training_job's, as 2 pods x 1 rank with the image's paths."""
     from temper.training.job import training_job
 
-    config = write_config(root, name, output_dir="/tmp/run")  # each pod's own emptyDir
+    config = write_config(root, name, output_dir=POD_OUT)  # each pod's own emptyDir
     spec = training_job(str(config), "sft")
     env = {**spec.env, "TEMPER_HOME": str(root / "home"), "TEMPER_CATALOG_DIR": "/app/domains"}
     return spec.model_copy(update={
@@ -96,7 +98,7 @@ def options(port: int) -> KubernetesOptions:
 def rank0_metrics(cluster, job: str) -> dict[int, float]:
     """Losses rank 0 logged, read from its pod's emptyDir on the node (it outlives the pod here)."""
     rows = []
-    for path in sorted((cluster.root / "pods").glob(f"{NS}_{job}-0-*_*/volumes/tmp/run/metrics.jsonl")):
+    for path in sorted((cluster.root / "pods").glob(f"{NS}_{job}-0-*_*/volumes/tmp/temper-run/metrics.jsonl")):
         rows += [json.loads(line) for line in path.read_text().splitlines()]
     return {r["step"]: r["loss"] for r in rows if "loss" in r}
 
@@ -105,10 +107,11 @@ class Timer:
     """Submission -> first training step, and -> the end, from the launcher's log lines."""
 
     def __init__(self) -> None:
-        self.t0, self.first, self.lines = time.monotonic(), None, []
+        self.t0, self.first, self.lines, self.at = time.monotonic(), None, [], []
 
     def __call__(self, line: str) -> None:
         self.lines.append(line)
+        self.at.append(time.monotonic() - self.t0)
         if self.first is None and re.search(r"sft step \d+/", line):
             self.first = time.monotonic() - self.t0
 
@@ -137,7 +140,7 @@ def test_two_pods_rendezvous_shard_and_match_the_local_run(k8s_cluster, workspac
     assert "[sft-straight-0-" in logs and "[sft-straight-1-" in logs  # both pods' logs were followed
     k8s = rank0_metrics(k8s_cluster, "sft-straight")
     assert sorted(k8s) == list(range(1, STEPS + 1)), logs[-3000:]
-    shards = [p for p in (k8s_cluster.root / "pods").glob(f"{NS}_sft-straight-*_*/volumes/tmp/run/shards-rank*.json")]
+    shards = [p for p in (k8s_cluster.root / "pods").glob(f"{NS}_sft-straight-*_*/volumes/tmp/temper-run/shards-rank*.json")]
     parts = {p.name: json.loads(p.read_text()) for p in shards}
     assert sorted(parts) == ["shards-rank0.json", "shards-rank1.json"], shards  # one rank per pod
     full = parts["shards-rank0.json"]["full_numel"]
@@ -159,6 +162,9 @@ def test_two_pods_rendezvous_shard_and_match_the_local_run(k8s_cluster, workspac
              if "loss" in r}
     for step in local:
         assert abs(k8s[step] - local[step]) <= 1e-5, (step, k8s, local)
+    for t, line in zip(local_timer.at, local_timer.lines):  # where the local launcher's time goes
+        if "WARNING" not in line:
+            print(f"  local +{t:6.1f}s {line[:120]}")
     print("\n2-rank SFT, %d steps:" % STEPS)
     for where, t in TIMINGS.items():
         print(f"  {where:24s} submission->first step {t['first_step_s']:.1f}s, whole stage {t['total_s']:.1f}s")
@@ -183,11 +189,13 @@ def test_an_evicted_rank_fails_the_attempt_and_the_retry_resumes_from_the_store(
     assert re.search(r"\[sft-evicted-r1-0-\w+\] .*resuming from .*checkpoint-(3|6|9)", logs), logs[-3000:]
     resumed = {**rank0_metrics(k8s_cluster, "sft-evicted"), **rank0_metrics(k8s_cluster, "sft-evicted-r1")}
     straight_file = workspace / "straight-losses.json"
-    if straight_file.exists():
-        straight = {int(s): v for s, v in json.loads(straight_file.read_text()).items()}
-        assert sorted(resumed) == sorted(straight)
-        for step, loss in straight.items():
-            assert abs(resumed[step] - loss) <= 1e-5, (step, straight, resumed)
+    if not straight_file.exists():  # this test alone: the uninterrupted run first
+        run_on_cluster(k8s_cluster, workspace, "reference")
+        straight_file.write_text(json.dumps(rank0_metrics(k8s_cluster, "sft-reference")))
+    straight = {int(s): v for s, v in json.loads(straight_file.read_text()).items()}
+    assert sorted(resumed) == sorted(straight) == list(range(1, STEPS + 1))
+    for step, loss in straight.items():
+        assert abs(resumed[step] - loss) <= 1e-5, (step, straight, resumed)
     k8s_cluster.wait_for("namespace empty (TTL + GC)", lambda: k8s_cluster.leftovers(NS) == {}, timeout=30)
     assert k8s_cluster.processes() == 0
 
