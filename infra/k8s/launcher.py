@@ -157,25 +157,40 @@ class KubernetesLauncher:
 
     # --- submit -------------------------------------------------------------------------
     def submit(self, objects: list[Any], on_log: LogFn = print) -> Attempt:
+        """Create (or adopt) every object; if one cannot be created, delete those this call created."""
         attempt = Attempt(objects=list(objects))
-        for obj in objects:
-            name, kind = obj.metadata.name, obj.kind
-            try:
-                self.api.create(obj)
-                on_log(f"created {kind} {obj.metadata.namespace}/{name}")
-            except ApiException as e:
-                if e.status != 409:
-                    raise KubernetesError(f"creating {kind} {name!r} in namespace {obj.metadata.namespace!r} "
-                                          f"failed: {e.status} {e.reason}: {(e.body or '')[:300]}") from e
-                if kind == "Job":
-                    existing = self.api.read_job(obj.metadata.namespace, name)
-                    owner = (existing.metadata.labels or {}).get(m.JOB_LABEL)
-                    if owner != name:
-                        raise KubernetesError(f"a Job named {name!r} exists in {obj.metadata.namespace!r} but was not "
-                                              "created by temper (no temper.dev/job label); delete it or rename the run")
-                attempt.adopted.append(name)
-                on_log(f"adopted existing {kind} {obj.metadata.namespace}/{name}")
+        created: list[Any] = []
+        try:
+            for obj in objects:
+                if self._create_or_adopt(obj, attempt, on_log):
+                    created.append(obj)
+        except BaseException:
+            if created:
+                self.cleanup(Attempt(objects=created), on_log)
+            raise
         return attempt
+
+    def _create_or_adopt(self, obj: Any, attempt: Attempt, on_log: LogFn) -> bool:
+        """True if created, False if adopted (409 on a deterministic name)."""
+        name, kind = obj.metadata.name, obj.kind
+        try:
+            self.api.create(obj)
+            on_log(f"created {kind} {obj.metadata.namespace}/{name}")
+            return True
+        except ApiException as e:
+            if e.status != 409:
+                message = " ".join(str(e.body or "").split())[:300]
+                raise KubernetesError(f"creating {kind} {name!r} in namespace {obj.metadata.namespace!r} "
+                                      f"failed: {e.status} {e.reason}: {message}") from e
+        if kind == "Job":
+            existing = self.api.read_job(obj.metadata.namespace, name)
+            owner = (existing.metadata.labels or {}).get(m.JOB_LABEL)
+            if owner != name:
+                raise KubernetesError(f"a Job named {name!r} exists in {obj.metadata.namespace!r} but was not "
+                                      "created by temper (no temper.dev/job label); delete it or rename the run")
+        attempt.adopted.append(name)
+        on_log(f"adopted existing {kind} {obj.metadata.namespace}/{name}")
+        return False
 
     # --- watch --------------------------------------------------------------------------
     def watch(self, attempt: Attempt, on_log: LogFn = print, cancel: threading.Event | None = None,
