@@ -271,6 +271,21 @@ def nl2bash(rows: int, seed: int = 0, eval_fraction: float = 1.0, **params: Any)
     return vendored_frame(rows, seed, eval_fraction, **params)
 
 
+# Multi-step domains (episodes in environments): temper/data/generators_agentic.py.
+@generator("file_tasks")
+def file_tasks(rows: int, seed: int = 0, eval_fraction: float = 0.1) -> pd.DataFrame:
+    from temper.data.generators_agentic import file_tasks as make
+
+    return make(rows, seed, eval_fraction)
+
+
+@generator("ledger_tasks")
+def ledger_tasks(rows: int, seed: int = 0, eval_fraction: float = 0.1) -> pd.DataFrame:
+    from temper.data.generators_agentic import ledger_tasks as make
+
+    return make(rows, seed, eval_fraction)
+
+
 def generate_domain_dataset(domain: Domain, settings: Settings | None = None, overwrite: bool = False) -> tuple[str, str, bool]:
     """Write a starter domain's dataset to the store; returns (uri, digest, written).
 
