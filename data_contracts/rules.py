@@ -86,12 +86,12 @@ def calls_offered_functions(ground_truth: Any, functions: Any) -> bool:
 
 @rule("episode_turns")
 def episode_turns(value: Any, _other: Any = None) -> bool:
-    """A multi-step reference: a JSON list of at least two turn texts whose last is the done action."""
+    """A multi-step reference: a JSON list of turn texts, at least two actions and then the done action."""
     try:
         turns = json.loads(value)
     except (TypeError, ValueError):
         return False
-    return (isinstance(turns, list) and len(turns) >= 2 and all(isinstance(t, str) and t.strip() for t in turns)
+    return (isinstance(turns, list) and len(turns) >= 3 and all(isinstance(t, str) and t.strip() for t in turns)
             and turns[-1].strip() == "<done/>")
 
 

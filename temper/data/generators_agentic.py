@@ -82,7 +82,7 @@ def file_tasks(rows: int, seed: int = 0, eval_fraction: float = 0.1) -> pd.DataF
                      for _ in range(rng.randint(1, 3))}
             end = dict(start)
             actions = _file_ops(rng, end)
-            if actions and end != start:
+            if len(actions) >= 2 and end != start:
                 break
         instruction = (f"The work directory holds these files:\n{_show_files(start)}\n\n"
                        f"Make it look exactly like this (no other files):\n{_show_files(end)}\n\n{ACTION_HELP}")
@@ -150,7 +150,7 @@ def ledger_tasks(rows: int, seed: int = 0, eval_fraction: float = 0.1) -> pd.Dat
             start = {n: rng.randint(0, 100) for n in rng.sample(_NAMES[:5], rng.randint(2, 3))}
             ledger = Ledger(start)
             asks, actions = _ledger_ops(rng, ledger)
-            if actions and ledger.accounts != start:
+            if len(actions) >= 2 and ledger.accounts != start:
                 break
         show = ", ".join(f"{k}={v}" for k, v in sorted(ledger.accounts.items()))
         instruction = (f"Ledger accounts: {', '.join(f'{k}={v}' for k, v in sorted(start.items()))}.\n"
