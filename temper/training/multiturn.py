@@ -25,6 +25,7 @@ the same prompt text are the same task.
 
 from __future__ import annotations
 
+import json
 import logging
 import time
 from collections.abc import Iterable
@@ -55,6 +56,33 @@ def episode_reward(prompts: list, completions: list, episode_reward: list | None
     return list(episode_reward) if episode_reward is not None else [None] * len(prompts)
 
 
+class OneTurn:
+    """The stand-in environment of a single-turn sample in a mixed run: it ends after one model turn
+    and leaves the reward to the domain's own verifier (``get_reward`` is None)."""
+
+    outcome = "running"
+    turns = 0
+    trajectory: list = []
+
+    @property
+    def finished(self) -> bool:
+        return self.outcome != "running"
+
+    def step(self, text: str) -> str:
+        self.outcome, self.turns = "done", 1
+        return ""
+
+    def get_reward(self) -> None:
+        return None
+
+
+def rollout_for(domains: Iterable[Domain], rows: Iterable[dict[str, Any]]) -> "MultiTurnRollout | None":
+    """The ``rollout_func`` of a GRPO run: None when no domain of the run is multi-step (TRL's own
+    generation then), else one rollout for all of its samples (single-turn ones get one turn)."""
+    domains = list(domains)
+    return MultiTurnRollout(domains, rows) if any(is_multiturn(d) for d in domains) else None
+
+
 class MultiTurnRollout:
     """The ``rollout_func`` of a GRPO run over multi-step domains.
 
@@ -69,18 +97,18 @@ class MultiTurnRollout:
                  environment_kwargs: dict[str, Any] | None = None) -> None:
         from temper.verifiers.registry import get_verifier
 
+        domains = list(domains)
         self.domains = {d.name: d for d in domains if is_multiturn(d)}
         if not self.domains:
             raise ValueError("multi-turn rollout: no domain with verifier family 'episode'")
         self.verifiers = {n: get_verifier(d.verifier.family, d.verifier.params) for n, d in self.domains.items()}
         self.names = sorted(self.domains)
-        self.max_turn_tokens = max_turn_tokens
+        self.turn_tokens = {n: int(d.verifier.params.get("turn_tokens", max_turn_tokens))
+                            for n, d in self.domains.items()}
         self.environment_kwargs = environment_kwargs or {}  # per domain, e.g. {"file_tasks": {"pool": p}}
         self.tasks: dict[str, tuple[str, dict[str, Any]]] = {}
         for row in rows:
             if row.get("domain") in self.domains:
-                import json
-
                 record = row["record"] if isinstance(row["record"], dict) else json.loads(row["record"])
                 self.tasks[_prompt_key(row["prompt"])] = (row["domain"], record)
         self.last_episodes: list[dict[str, Any]] = []  # this rank's episodes of the latest rollout (tests, logs)
@@ -119,13 +147,15 @@ class MultiTurnRollout:
         episodes: list[dict[str, Any]] = []
         for prompt in prompts:
             key = _prompt_key(prompt)
-            if key not in self.tasks:
-                raise ValueError(f"multi-turn rollout: prompt {key[:80]!r}... is not a task of this run's "
-                                 "multi-step domains")
+            if key not in self.tasks:  # a single-turn domain's prompt in a mixed run: one turn, scored by its verifier
+                ep = {"index": len(episodes), "domain": None, "env": OneTurn(), "cap": budget,
+                      "prompt_ids": self._prompt_ids(tokenizer, prompt), "ids": [], "mask": [], "t0": time.monotonic()}
+                episodes.append(ep)
+                continue
             name, record = self.tasks[key]
             env: EpisodeEnvironment = self.verifiers[name].environment(**self.environment_kwargs.get(name, {}))
-            ep = {"index": len(episodes), "domain": name, "env": env, "prompt_ids": self._prompt_ids(tokenizer, prompt),
-                  "ids": [], "mask": [], "t0": time.monotonic()}
+            ep = {"index": len(episodes), "domain": name, "env": env, "cap": self.turn_tokens[name],
+                  "prompt_ids": self._prompt_ids(tokenizer, prompt), "ids": [], "mask": [], "t0": time.monotonic()}
             try:
                 env.reset(**record)
             except Exception as e:  # no box in time, setup failed: this episode fails, the step goes on
@@ -145,8 +175,14 @@ class MultiTurnRollout:
                 active = [ep for ep, r in zip(active, room) if r > 0]
                 if not active:
                     break
-                new = self._generate(model, trainer, tokenizer, active,
-                                     min(self.max_turn_tokens, *[budget - len(ep["ids"]) for ep in active]), eos)
+                # one generate call per turn-length cap (multi-step domains' turn_tokens; a single turn: all)
+                caps = sorted({ep["cap"] for ep in active})
+                groups = [[ep for ep in active if ep["cap"] == cap] for cap in caps]
+                new = []
+                for cap, group in zip(caps, groups):
+                    new += self._generate(model, trainer, tokenizer, group,
+                                          min(cap, *[budget - len(ep["ids"]) for ep in group]), eos)
+                active = [ep for group in groups for ep in group]
                 for ep, turn in zip(active, new):
                     ep["ids"] += turn
                     ep["mask"] += [1] * len(turn)
@@ -207,6 +243,8 @@ class MultiTurnRollout:
 
         stats = torch.zeros(len(self.names), len(STAT_FIELDS), dtype=torch.float64)
         for ep in episodes:
+            if ep["domain"] is None:
+                continue
             row = stats[self.names.index(ep["domain"])]
             row += torch.tensor([1, ep["turns"], ep["outcome"] == "done", ep["reward"],
                                  ep["outcome"] in FAILURE_OUTCOMES,

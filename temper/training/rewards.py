@@ -42,12 +42,19 @@ class DomainRewards:
     def reset_stats(self) -> None:
         self.stats: dict[str, dict[str, float]] = defaultdict(lambda: {"n": 0, "sum": 0.0, "passed": 0, "none": 0})
 
-    async def ascore_all(self, domains: list[str], records: list[dict], texts: list[str]) -> list[float | None]:
-        async def one(name: str, record: dict, text: str) -> float | None:
+    async def ascore_all(self, domains: list[str], records: list[dict], texts: list[str],
+                         given: list[float | None] | None = None) -> list[float | None]:
+        """``given``: rewards already decided per sample (a multi-turn episode's end-state check,
+        ``temper.training.multiturn``); those samples are counted, not scored again."""
+        given = given or [None] * len(texts)
+
+        async def one(name: str, record: dict, text: str, reward: float | None) -> float | None:
+            if reward is not None:
+                return reward
             verdict = await self.verifiers[name].ascore(record, text)
             return None if verdict is None else verdict.reward
 
-        raw = await asyncio.gather(*(one(d, r, t) for d, r, t in zip(domains, records, texts)))
+        raw = await asyncio.gather(*(one(d, r, t, g) for d, r, t, g in zip(domains, records, texts, given)))
         out: list[float | None] = []
         for name, reward in zip(domains, raw):
             s = self.stats[name]
@@ -62,10 +69,10 @@ class DomainRewards:
         return out
 
     def __call__(self, prompts: list[Any], completions: list[Any], domain: list[str], record: list[str],
-                 **_: Any) -> list[float | None]:
+                 episode_reward: list[float | None] | None = None, **_: Any) -> list[float | None]:
         records = [json.loads(r) if isinstance(r, str) else r for r in record]
         texts = [completion_text(c) for c in completions]
-        return asyncio.run(self.ascore_all(list(domain), records, texts))
+        return asyncio.run(self.ascore_all(list(domain), records, texts, episode_reward))
 
     def summary(self) -> dict[str, dict[str, float]]:
         return {name: dict(s) for name, s in self.stats.items()}

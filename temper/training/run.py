@@ -173,9 +173,11 @@ def train(cfg: TrainConfig, settings: Settings | None = None) -> dict[str, Any]:
 
         from temper.training.rewards import DomainRewards
 
+        from temper.training.multiturn import rollout_for
+
         rewards = DomainRewards(domains)
         trainer = GRPOTrainer(model=model, args=args, train_dataset=train_ds, reward_funcs=[rewards],
-                              processing_class=tokenizer)
+                              processing_class=tokenizer, rollout_func=rollout_for(domains, train_ds))
 
     callback = TemperCallback(cfg, settings, digests=digests, uris=uris, frames=frames,
                               sampler_factory=lambda: new_sampler(cfg, domains, frames), rewards=rewards,

@@ -30,11 +30,13 @@ def episode_limits(params: dict[str, Any]) -> EpisodeLimits:
 @register
 class EpisodeVerifier(Verifier):
     """params: env ('files' | 'ledger'), max_turns, budget_s (wall clock per episode), step_timeout_s,
-    max_observation_chars (observation shown to the model)."""
+    max_observation_chars (observation shown to the model), turn_tokens (new tokens per model turn in
+    GRPO, default 64)."""
 
     family = "episode"
     known_params = {"env": Literal["files", "ledger"], "max_turns": PositiveInt, "budget_s": PositiveFloat,
-                    "step_timeout_s": PositiveFloat, "max_observation_chars": PositiveInt}
+                    "step_timeout_s": PositiveFloat, "max_observation_chars": PositiveInt,
+                    "turn_tokens": PositiveInt}
     offload = True  # a files episode waits on sandbox commands
 
     def environment(self, **kwargs: Any):
