@@ -153,15 +153,13 @@ class MultiTurnRollout:
                 episodes.append(ep)
                 continue
             name, record = self.tasks[key]
-            env: EpisodeEnvironment = self.verifiers[name].environment(**self.environment_kwargs.get(name, {}))
-            ep = {"index": len(episodes), "domain": name, "env": env, "cap": self.turn_tokens[name],
+            env: EpisodeEnvironment = self.verifiers[name].environment(**self._environment_kwargs(name, prompts))
+            ep = {"index": len(episodes), "domain": name, "env": env, "cap": self.turn_tokens[name], "record": record,
                   "prompt_ids": self._prompt_ids(tokenizer, prompt), "ids": [], "mask": [], "t0": time.monotonic()}
-            try:
-                env.reset(**record)
-            except Exception as e:  # no box in time, setup failed: this episode fails, the step goes on
-                log.warning("multi-turn rollout: %s episode could not start: %s", name, e)
-                env.outcome = "sandbox_error"
             episodes.append(ep)
+        # every episode holds its own box for the whole rollout; starting and stepping them are blocking
+        # sandbox calls, so they run side by side in threads
+        self._each(self._reset, [ep for ep in episodes if ep["domain"] is not None])
 
         with (unwrap_model_for_generation(trainer.model_wrapped, trainer.accelerator,
                                           gather_deepspeed3_params=trainer.args.ds3_gather_for_generation,
@@ -183,10 +181,11 @@ class MultiTurnRollout:
                     new += self._generate(model, trainer, tokenizer, group,
                                           min(cap, *[budget - len(ep["ids"]) for ep in group]), eos)
                 active = [ep for group in groups for ep in group]
-                for ep, turn in zip(active, new):
+                observations = self._each(lambda ep_turn: ep_turn[0]["env"].step(
+                    tokenizer.decode(ep_turn[1], skip_special_tokens=True)), list(zip(active, new)))
+                for ep, turn, observation in zip(active, new, observations):
                     ep["ids"] += turn
                     ep["mask"] += [1] * len(turn)
-                    observation = ep["env"].step(tokenizer.decode(turn, skip_special_tokens=True))
                     if ep["env"].finished:
                         continue
                     obs_ids = self._observation_ids(tokenizer, conversational, observation)
@@ -194,9 +193,10 @@ class MultiTurnRollout:
                     ep["ids"] += obs_ids
                     ep["mask"] += [0] * len(obs_ids)
 
-        for ep in episodes:
+        rewards = self._each(lambda ep: ep["env"].get_reward(), episodes)  # end-state checks; boxes go back
+        for ep, reward in zip(episodes, rewards):
             env = ep["env"]
-            ep["reward"] = env.get_reward()  # checks the end state and gives the box back
+            ep["reward"] = reward
             ep["outcome"], ep["turns"], ep["wall_s"] = env.outcome, env.turns, time.monotonic() - ep["t0"]
             if not ep["ids"]:  # an episode that never started: one pad token, masked out
                 ep["ids"], ep["mask"] = [tokenizer.pad_token_id], [0]
@@ -210,6 +210,40 @@ class MultiTurnRollout:
                 "episode_reward": [ep["reward"] for ep in episodes],
                 "episode_turns": [ep["turns"] for ep in episodes],
                 "episode_outcome": [ep["outcome"] for ep in episodes]}
+
+    @staticmethod
+    def _each(fn, items: list) -> list:
+        if len(items) <= 1:
+            return [fn(x) for x in items]
+        from concurrent.futures import ThreadPoolExecutor
+
+        with ThreadPoolExecutor(max_workers=min(16, len(items)), thread_name_prefix="episode") as pool:
+            return list(pool.map(fn, items))
+
+    @staticmethod
+    def _reset(ep: dict[str, Any]) -> None:
+        try:
+            ep["env"].reset(**ep["record"])
+        except Exception as e:  # no box in time, setup failed: this episode fails, the step goes on
+            log.warning("multi-turn rollout: %s episode could not start: %s", ep["domain"], e)
+            ep["env"].outcome = "sandbox_error"
+
+    def _environment_kwargs(self, name: str, prompts: list) -> dict[str, Any]:
+        """A sandboxed domain's episodes share one warm pool with a box per concurrent episode of this
+        rank (grown when a rollout holds more), unless the caller gave the domain its own kwargs."""
+        if name in self.environment_kwargs:
+            return self.environment_kwargs[name]
+        if self.domains[name].verifier.params.get("env", "files") != "files":
+            return {}
+        from infra.sandbox import SandboxPool
+
+        need = len(prompts)
+        pool = getattr(self, "_pool", None)
+        if pool is None or pool._closed or pool.size + pool.spare < need:
+            if pool is not None:
+                pool.close()
+            pool = self._pool = SandboxPool("shell", size=need, spare=0)
+        return {"pool": pool}
 
     def _generate(self, model, trainer, tokenizer, active: list[dict[str, Any]], max_new: int,
                   eos: set[int]) -> list[list[int]]:

@@ -123,3 +123,37 @@ def test_a_short_single_process_run_logs_per_domain_episode_metrics(tiny_model, 
     assert all(h["episodes/ledger_tasks/turns_per_episode"] >= 1 for h in logged)
     assert {"episodes/ledger_tasks/done_rate", "episodes/ledger_tasks/failure_rate",
             "episodes/ledger_tasks/reward", "episodes/ledger_tasks/wall_s"} <= set(logged[0])
+
+
+class SabotagedRollout(ScriptedRollout):
+    """Episode 1's sandbox box is closed under it after its first turn (a sandbox dying mid-episode)."""
+
+    def _generate(self, model, trainer, tokenizer, active, max_new, eos):
+        for ep in active:
+            if ep["index"] == 1 and ep["env"].turns == 1:
+                ep["env"].session.box.close()
+        return super()._generate(model, trainer, tokenizer, active, max_new, eos)
+
+
+@pytest.mark.skipif(not __import__("infra.sandbox.bwrap", fromlist=["x"]).bwrap_available(), reason="needs bubblewrap")
+@pytest.mark.parametrize("second", ["dies", "hangs"])
+def test_a_dying_or_hanging_sandbox_fails_its_episode_not_the_step(tiny_model, tmp_path, second):
+    import torch
+
+    domain = load_catalog(REPO / "domains")["file_tasks"]
+    domain = domain.model_copy(update={"verifier": domain.verifier.model_copy(
+        update={"params": {**domain.verifier.params, "step_timeout_s": 1.0}})})
+    records = generate("file_tasks", 1, 0, 0.1, {}).to_dict("records")
+    rows = [{"prompt": domain.render_prompt(r), "domain": domain.name, "record": json.dumps(r)} for r in records]
+    reference = json.loads(records[0]["reference"])
+    scripts = [reference, ["<bash>ls</bash>", "<bash>ls</bash>", "<done/>"] if second == "dies"
+               else ["<bash>ls</bash>", "<bash>sleep 30</bash>", "<done/>"]]
+    cls = SabotagedRollout if second == "dies" else ScriptedRollout
+    rollout = cls([domain], rows, max_turn_tokens=200, scripts=scripts)
+    trainer = trainer_for(tiny_model(max_positions=2048), rows, rollout, tmp_path)
+    out = trainer._generate_and_score_completions(next(iter(trainer.get_train_dataloader())))
+    episodes = rollout.last_episodes
+    assert [e["outcome"] for e in episodes] == ["done", "sandbox_error" if second == "dies" else "timeout"]
+    assert [e["reward"] for e in episodes] == [1.0, 0.0]  # the reference still solved its task in the sandbox
+    assert episodes[1]["turns"] == 2 and episodes[1]["wall_s"] < 10
+    assert torch.isfinite(trainer.compute_loss(trainer.model, out))  # and the step goes on
