@@ -157,3 +157,39 @@ def test_a_dying_or_hanging_sandbox_fails_its_episode_not_the_step(tiny_model, t
     assert [e["reward"] for e in episodes] == [1.0, 0.0]  # the reference still solved its task in the sandbox
     assert episodes[1]["turns"] == 2 and episodes[1]["wall_s"] < 10
     assert torch.isfinite(trainer.compute_loss(trainer.model, out))  # and the step goes on
+
+
+def test_a_mixed_run_gives_single_turn_samples_one_turn_and_their_own_verifier(tiny_model, tmp_path):
+    from datasets import Dataset
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from trl import GRPOConfig, GRPOTrainer
+
+    from temper.training.multiturn import rollout_for
+    from temper.training.rewards import DomainRewards
+
+    catalog = load_catalog(REPO / "domains")
+    domains = [catalog["ledger_tasks"], catalog["arithmetic"]]
+    rows = []
+    for d in domains:
+        for r in generate(d.dataset.generator, 1, 0, 0.1, {}).to_dict("records"):
+            rows.append({"prompt": d.render_prompt(r), "domain": d.name, "record": json.dumps(r)})
+    rollout = rollout_for(domains, rows)
+    assert rollout_for([catalog["arithmetic"]], rows) is None  # no multi-step domain: TRL's own generation
+    rewards = DomainRewards(domains)
+    tiny = tiny_model(max_positions=2048)
+    os.environ["TRL_EXPERIMENTAL_SILENCE"] = "1"
+    args = GRPOConfig(output_dir=str(tmp_path / "out"), per_device_train_batch_size=4, num_generations=2, max_steps=1,
+                      max_completion_length=64, beta=0.0, report_to=[], use_cpu=True, shuffle_dataset=False)
+    trainer = GRPOTrainer(model=AutoModelForCausalLM.from_pretrained(tiny), reward_funcs=[rewards], args=args,
+                          train_dataset=Dataset.from_list(rows), processing_class=AutoTokenizer.from_pretrained(tiny),
+                          rollout_func=rollout)
+    out = trainer._generate_and_score_completions(next(iter(trainer.get_train_dataloader())))
+    by_domain = {}
+    for e in rollout.last_episodes:
+        by_domain.setdefault(e["domain"], []).append(e)
+    assert len(by_domain[None]) == len(by_domain["ledger_tasks"]) == 2
+    assert all(e["turns"] == 1 and set(e["mask"]) == {1} for e in by_domain[None])  # one turn, all trained
+    assert all(e["reward"] is None for e in by_domain[None])  # left to the domain's own verifier
+    stats = rewards.summary()
+    assert stats["arithmetic"]["n"] == 2 and stats["ledger_tasks"]["n"] == 2  # both scored, none skipped
+    assert out["advantages"].shape[0] == 4
