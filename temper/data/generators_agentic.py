@@ -18,7 +18,8 @@ from typing import Any
 
 import pandas as pd
 
-from temper.agent.environment import ACTION_HELP, Action, Ledger, render_action
+from temper.agent.environment import ACTION_HELP, Action, render_action
+from temper.agent.ledger import Ledger
 
 _WORDS = ["alpha", "beta", "gamma", "delta", "omega", "sigma", "kappa", "lambda"]
 _NAMES = ["alice", "bob", "carol", "dave", "erin", "frank", "grace", "heidi"]

@@ -139,6 +139,10 @@ class MultiTurnRollout:
         import torch
         from trl.models.utils import unwrap_model_for_generation
 
+        if not trainer.args.ds3_gather_for_generation and trainer.accelerator.num_processes > 1:
+            # without gathered weights every forward is a ZeRO-3 collective, and ranks whose episodes
+            # take different numbers of turns would wait on each other forever
+            raise ValueError("multi-turn rollouts need ds3_gather_for_generation=True when training on several ranks")
         tokenizer = trainer.processing_class
         tokenizer = getattr(tokenizer, "tokenizer", tokenizer)
         budget = trainer.max_completion_length
