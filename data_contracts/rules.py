@@ -85,6 +85,26 @@ def calls_offered_functions(ground_truth: Any, functions: Any) -> bool:
     return all(isinstance(c, dict) and len(c) == 1 and next(iter(c)) in offered for c in calls)
 
 
+@rule("episode_turns")
+def episode_turns(value: Any, _other: Any = None) -> bool:
+    """A multi-step reference: a JSON list of turn texts, at least two actions and then the done action."""
+    try:
+        turns = json.loads(value)
+    except (TypeError, ValueError):
+        return False
+    return (isinstance(turns, list) and len(turns) >= 3 and all(isinstance(t, str) and t.strip() for t in turns)
+            and turns[-1].strip() == "<done/>")
+
+
+@rule("json_state_differs")
+def json_state_differs(value: Any, other: Any) -> bool:
+    """An expected end state (JSON) that differs from the start state: doing nothing must not pass."""
+    try:
+        return json.loads(value) != json.loads(other)
+    except (TypeError, ValueError):
+        return False
+
+
 @rule("valid_bash")
 def valid_bash(value: Any, _other: Any = None) -> bool:
     """Shell scripts: balanced quotes and no NUL bytes (a full parse needs bash; the sandbox has it)."""

@@ -7,6 +7,8 @@ validates exactly the data a developer saw. Every record has ``id``, ``split`` a
 
 from __future__ import annotations
 
+
+
 import json
 import random
 import tempfile
@@ -19,6 +21,7 @@ import pandas as pd
 from infra.storage import exists
 from temper.core.errors import DatasetError
 from temper.core.settings import Settings, get_settings
+from temper.data import generators_agentic
 from temper.data.datasets import dataset_digest, parse_dataset, write_dataset
 from temper.data.domain import Domain
 from temper.data.formats.bfcl import bfcl_frame
@@ -263,6 +266,17 @@ def bfcl(rows: int, seed: int = 0, eval_fraction: float = 1.0, **params: Any) ->
 @generator("nl2bash")
 def nl2bash(rows: int, seed: int = 0, eval_fraction: float = 1.0, **params: Any) -> pd.DataFrame:
     return vendored_frame(rows, seed, eval_fraction, **params)
+
+
+# Multi-step domains (episodes in environments): temper/data/generators_agentic.py.
+@generator("file_tasks")
+def file_tasks(rows: int, seed: int = 0, eval_fraction: float = 0.1) -> pd.DataFrame:
+    return generators_agentic.file_tasks(rows, seed, eval_fraction)
+
+
+@generator("ledger_tasks")
+def ledger_tasks(rows: int, seed: int = 0, eval_fraction: float = 0.1) -> pd.DataFrame:
+    return generators_agentic.ledger_tasks(rows, seed, eval_fraction)
 
 
 def generate_domain_dataset(domain: Domain, settings: Settings | None = None, overwrite: bool = False) -> tuple[str, str, bool]:

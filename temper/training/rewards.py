@@ -45,12 +45,19 @@ class DomainRewards:
         self.stats: dict[str, dict[str, float]] = defaultdict(lambda: {"n": 0, "sum": 0.0, "passed": 0, "none": 0})
         self.groups: dict[int, list] = {}  # stream slot -> [domain, its completions' rewards] (curriculum runs)
 
-    async def ascore_all(self, domains: list[str], records: list[dict], texts: list[str]) -> list[float | None]:
-        async def one(name: str, record: dict, text: str) -> float | None:
+    async def ascore_all(self, domains: list[str], records: list[dict], texts: list[str],
+                         given: list[float | None] | None = None) -> list[float | None]:
+        """``given``: rewards already decided per sample (a multi-turn episode's end-state check,
+        ``temper.training.multiturn``); those samples are counted, not scored again."""
+        given = given or [None] * len(texts)
+
+        async def one(name: str, record: dict, text: str, reward: float | None) -> float | None:
+            if reward is not None:
+                return reward
             verdict = await self.verifiers[name].ascore(record, text)
             return None if verdict is None else verdict.reward
 
-        raw = await asyncio.gather(*(one(d, r, t) for d, r, t in zip(domains, records, texts)))
+        raw = await asyncio.gather(*(one(d, r, t, g) for d, r, t, g in zip(domains, records, texts, given)))
         out: list[float | None] = []
         for name, reward in zip(domains, raw):
             s = self.stats[name]
@@ -65,10 +72,11 @@ class DomainRewards:
         return out
 
     def __call__(self, prompts: list[Any], completions: list[Any], domain: list[str], record: list[str],
-                 slot: list[int] | None = None, **_: Any) -> list[float | None]:
+                 slot: list[int] | None = None, episode_reward: list[float | None] | None = None,
+                 **_: Any) -> list[float | None]:
         records = [json.loads(r) if isinstance(r, str) else r for r in record]
         texts = [completion_text(c) for c in completions]
-        rewards = asyncio.run(self.ascore_all(list(domain), records, texts))
+        rewards = asyncio.run(self.ascore_all(list(domain), records, texts, episode_reward))
         for index, name, reward in zip(slot or [], domain, rewards):  # a group = the completions of one slot
             self.groups.setdefault(int(index), [name, []])[1].append(reward)
         return rewards

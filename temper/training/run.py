@@ -32,6 +32,7 @@ from temper.training.deepspeed import write_launch_configs
 from temper.training.curriculum import CurriculumStream, lazy_dataset, replay
 from temper.training.disk import disk_full_is_named, folder_bytes
 from temper.training.mixing import DomainMixSampler
+from temper.training.multiturn import rollout_for
 from temper.training.rewards import DomainRewards
 
 log = logging.getLogger("temper.train")
@@ -245,7 +246,7 @@ def train(cfg: TrainConfig, settings: Settings | None = None) -> dict[str, Any]:
 
         rewards = DomainRewards(domains)
         trainer = GRPOTrainer(model=model, args=args, train_dataset=train_ds, reward_funcs=[rewards],
-                              processing_class=tokenizer)
+                              processing_class=tokenizer, rollout_func=rollout_for(domains, train_ds))
 
     callback = TemperCallback(cfg, settings, digests=digests, uris=uris, frames=frames,
                               sampler_state=lambda step: sampler_state(cfg, domains, frames, stream, step),

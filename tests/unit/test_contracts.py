@@ -21,7 +21,8 @@ def check(runner, contract, frame):
     return runner.validate(contract.name, contract, frame, dataset_uri="mem://x", digest="0" * 64)
 
 
-@pytest.mark.parametrize("name", ["arithmetic", "python_functions", "invoice_extraction", "tool_calls", "shell_tasks"])
+@pytest.mark.parametrize("name", ["arithmetic", "python_functions", "invoice_extraction", "tool_calls", "shell_tasks",
+                                  "file_tasks", "ledger_tasks"])
 def test_generated_starter_data_passes_its_contract(runner, name):
     contract = load_contracts(CONTRACTS)[name]
     report = check(runner, contract, generate(name, 300, 0, 0.1, {}))
@@ -70,6 +71,15 @@ def test_tool_ground_truth_must_name_offered_function(runner):
     df.loc[4, "ground_truth"] = '[{"launch_rocket": {"x": [1]}}]'
     f = failures_by_check(check(runner, contract, df))[("rule:calls_offered_functions", "ground_truth")]
     assert f.unexpected_count == 1 and "launch_rocket" in f.sample_values[0]
+
+
+def test_multistep_task_whose_end_state_is_its_start_or_whose_reference_never_ends_fails(runner):
+    contract = load_contracts(CONTRACTS)["ledger_tasks"]
+    df = generate("ledger_tasks", 60, 0, 0.1, {})
+    df.loc[3, "end_accounts"] = df.loc[3, "start_accounts"]  # doing nothing would pass
+    df.loc[5, "reference"] = '["<call>{}</call>"]'  # a reference that never says done
+    failed = failures_by_check(check(runner, contract, df))
+    assert {c for c, _ in failed} >= {"rule:json_state_differs", "rule:episode_turns"}
 
 
 def test_code_tests_must_parse(runner):

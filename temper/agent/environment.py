@@ -1,0 +1,361 @@
+"""Multi-turn environments: a task, a state the model changes turn by turn, a reward on the end state.
+
+One episode: ``reset(**record)`` builds the task's starting state and returns the task text; each
+model turn goes to ``step(text)``, which parses it into one action (a shell command, a file write,
+a call of the environment's API, or "done"), carries it out and returns the observation; the
+episode ends at "done", at the domain's turn limit or at its wall-clock budget, and ``get_reward``
+then checks the end state. ``reset``/``get_reward`` are the names TRL's environments use.
+
+Rewards cannot be had without doing the task: only an episode the model ends with "done" is
+checked at all, and the check compares the *whole* end state with the record's expected one on
+the host (the sandbox's files are read out as a tar archive; the API's state lives in this
+process), so nothing the model prints or changes inside the box can stand in for the state.
+
+Every way an episode can go wrong ends it with a counted outcome and reward 0, never an
+exception out of ``step``: a turn that parses into no action (``no_action``), a command that hangs
+(``timeout``), floods its output or memory (``output_limit``, ``memory``...), a sandbox that dies
+(``sandbox_error``), too many turns (``max_turns``) or too much time (``budget``). Each episode
+gets a freshly wiped box from the warm pool and gives it back wiped (``SandboxPool.release``), so
+nothing one episode writes is seen by the next.
+"""
+
+from __future__ import annotations
+
+from infra.sandbox import SandboxError
+from infra.sandbox.api import safe_relpath
+from infra.sandbox import Session
+from infra.sandbox import shared_pool
+
+import io
+import json
+import logging
+import re
+import tarfile
+import time
+from dataclasses import dataclass, field
+from typing import Any, ClassVar, Literal
+
+from temper.agent.ledger import LEDGER_TOOLS, Ledger
+
+log = logging.getLogger(__name__)
+
+ActionKind = Literal["bash", "write", "call", "done"]
+# An episode's end: "done" is the only one whose end state is checked.
+Outcome = Literal["running", "done", "max_turns", "budget", "no_action", "timeout", "cpu_limit", "memory",
+                  "output_limit", "killed", "sandbox_error", "max_tokens"]
+FAILURE_OUTCOMES = ("max_turns", "budget", "no_action", "timeout", "cpu_limit", "memory", "output_limit",
+                    "killed", "sandbox_error", "max_tokens")
+
+_TAG = re.compile(
+    r"<bash>(?P<bash>.*?)</bash>"
+    r"|<write\s+path=\"(?P<path>[^\"]*)\">(?P<content>.*?)</write>"
+    r"|<call>(?P<call>.*?)</call>"
+    r"|(?P<done><done\s*/>)",
+    re.S,
+)
+
+ACTION_HELP = ("Act with exactly one of: <bash>COMMAND</bash>, <write path=\"FILE\">CONTENT</write>, "
+               "<call>{\"name\": TOOL, \"arguments\": {...}}</call>, and <done/> when the task is finished.")
+
+
+@dataclass(frozen=True)
+class Action:
+    kind: ActionKind
+    command: str = ""
+    path: str = ""
+    content: str = ""
+    name: str = ""
+    arguments: dict[str, Any] = field(default_factory=dict)
+
+
+def _action(m: re.Match) -> Action | None:
+    if m.group("done") is not None:
+        return Action("done")
+    if m.group("bash") is not None:
+        return Action("bash", command=m.group("bash")) if m.group("bash").strip() else None
+    if m.group("path") is not None:
+        return Action("write", path=m.group("path"), content=m.group("content"))
+    try:
+        call = json.loads(m.group("call"))
+    except ValueError:
+        return None
+    if not (isinstance(call, dict) and isinstance(call.get("name"), str)
+            and isinstance(call.get("arguments", {}), dict)):
+        return None
+    return Action("call", name=call["name"], arguments=call.get("arguments", {}))
+
+
+def parse_action(text: str) -> Action | None:
+    """The first well-formed action of a model turn, or None (the turn parses into no action)."""
+    for m in _TAG.finditer(text or ""):
+        return _action(m)
+    return None
+
+
+def parse_actions(text: str) -> list[Action | None]:
+    """Every action tag of a text in order (a whole transcript, or a one-shot plan); None for malformed ones."""
+    return [_action(m) for m in _TAG.finditer(text or "")]
+
+
+def action_texts(text: str) -> list[str]:
+    """The text of every action tag in ``text``, in order: a transcript cut into turns."""
+    return [m.group(0) for m in _TAG.finditer(text or "")]
+
+
+def render_action(action: Action) -> str:
+    """The text form the model writes (reference transcripts, SFT targets)."""
+    if action.kind == "done":
+        return "<done/>"
+    if action.kind == "bash":
+        return f"<bash>{action.command}</bash>"
+    if action.kind == "write":
+        return f"<write path=\"{action.path}\">{action.content}</write>"
+    return f"<call>{json.dumps({'name': action.name, 'arguments': action.arguments}, sort_keys=True)}</call>"
+
+
+@dataclass(frozen=True)
+class EpisodeLimits:
+    """A domain's episode limits (its verifier params): turns, wall-clock budget, per-step timeout,
+    observation size shown to the model."""
+
+    max_turns: int = 8
+    budget_s: float = 60.0
+    step_timeout_s: float = 10.0
+    max_observation_chars: int = 1000
+
+
+def truncate(text: str, limit: int) -> str:
+    if len(text) <= limit:
+        return text
+    return text[: limit // 2] + f"\n[... {len(text) - limit} chars cut ...]\n" + text[-(limit // 2):]
+
+
+class EpisodeEnvironment:
+    """Turn bookkeeping shared by every environment; subclasses implement ``_start``, ``_act``,
+    ``_end_state_ok`` and ``_release``."""
+
+    name: ClassVar[str]
+    kinds: ClassVar[tuple[ActionKind, ...]]
+
+    def __init__(self, limits: EpisodeLimits | None = None) -> None:
+        self.limits = limits or EpisodeLimits()
+        self.record: dict[str, Any] = {}
+        self.outcome: Outcome = "running"
+        self.turns = 0
+        self.started = 0.0
+        self.trajectory: list[dict[str, Any]] = []
+
+    # -- TRL's environment interface -----------------------------------------------------------------
+    def reset(self, **record: Any) -> str:
+        """Start an episode of ``record``; the task text the model sees first."""
+        self._release()
+        self.record, self.outcome, self.turns, self.trajectory = record, "running", 0, []
+        self.started = time.monotonic()
+        return self._start(record)
+
+    def get_reward(self) -> float:
+        """1.0 when the model ended the episode with "done" and the end state is the expected one."""
+        try:
+            if self.outcome != "done":
+                return 0.0
+            try:
+                return 1.0 if self._end_state_ok() else 0.0
+            except Exception as e:  # a box that died before the check: the episode failed, counted
+                log.warning("%s: end-state check failed: %s", self.name, e)
+                self.outcome = "sandbox_error"
+                return 0.0
+        finally:
+            self._release()
+
+    # -- turns ---------------------------------------------------------------------------------------
+    @property
+    def finished(self) -> bool:
+        return self.outcome != "running"
+
+    @property
+    def wall_s(self) -> float:
+        return time.monotonic() - self.started
+
+    def step(self, text: str) -> str:
+        """Carry out one model turn; the observation (empty once the episode is over)."""
+        if self.finished:
+            return ""
+        self.turns += 1
+        action = parse_action(text)
+        if action is None or action.kind not in self.kinds:
+            return self._end("no_action", text, "")
+        if action.kind == "done":
+            return self._end("done", text, "")
+        remaining = self.limits.budget_s - self.wall_s
+        if remaining <= 0:
+            return self._end("budget", text, "")
+        try:
+            observation, failure = self._act(action, min(self.limits.step_timeout_s, remaining))
+        except Exception as e:  # the sandbox itself failed (died, closed): not the model's crash to propagate
+            log.warning("%s: sandbox failed during a step: %s", self.name, e)
+            return self._end("sandbox_error", text, f"[sandbox error] {e}")
+        observation = truncate(observation, self.limits.max_observation_chars)
+        if failure is not None:
+            return self._end(failure, text, observation)
+        self.trajectory.append({"turn": self.turns, "action": text, "observation": observation,
+                                "t": round(self.wall_s, 3)})
+        if self.turns >= self.limits.max_turns:
+            self.outcome = "max_turns"
+        elif self.wall_s >= self.limits.budget_s:
+            self.outcome = "budget"
+        return observation
+
+    def _end(self, outcome: Outcome, text: str, observation: str) -> str:
+        self.outcome = outcome
+        self.trajectory.append({"turn": self.turns, "action": text, "observation": observation,
+                                "t": round(self.wall_s, 3), "outcome": outcome})
+        return observation
+
+    def close(self) -> None:
+        self._release()
+
+    # -- subclass hooks ------------------------------------------------------------------------------
+    def _start(self, record: dict[str, Any]) -> str:
+        raise NotImplementedError
+
+    def _act(self, action: Action, timeout_s: float) -> tuple[str, Outcome | None]:
+        """(observation, None) or (observation, failure outcome that ends the episode)."""
+        raise NotImplementedError
+
+    def _end_state_ok(self) -> bool:
+        raise NotImplementedError
+
+    def _release(self) -> None:
+        pass
+
+
+# -- files: a sandboxed work dir whose end state must match -----------------------------------------
+MAX_STATE_BYTES = 4_000_000
+
+
+def work_dir_files(archive: bytes) -> dict[str, str] | None:
+    """{path: text} of the regular files of a work-dir snapshot; None when it holds anything else
+    (a symlink, a device, undecodable or oversized content), which never matches an expected state."""
+    if len(archive) > MAX_STATE_BYTES:
+        return None
+    files: dict[str, str] = {}
+    with tarfile.open(fileobj=io.BytesIO(archive), mode="r") as tar:
+        for member in tar.getmembers():
+            if member.isdir():
+                continue
+            if not member.isfile():
+                return None
+            data = tar.extractfile(member).read()  # type: ignore[union-attr]
+            try:
+                files[member.name] = data.decode()
+            except UnicodeDecodeError:
+                return None
+    return files
+
+
+def file_state_matches(got: dict[str, str] | None, expected: dict[str, str]) -> bool:
+    """Same set of files, same contents (a trailing newline aside). Empty directories do not count."""
+    if got is None or set(got) != set(expected):
+        return False
+    return all(got[p].rstrip("\n") == expected[p].rstrip("\n") for p in expected)
+
+
+class FilesEnvironment(EpisodeEnvironment):
+    """A ``file_tasks`` record: ``start_files`` written into a fresh sandbox box, shell commands and
+    file writes run in one sandbox session, reward when the work dir holds exactly ``end_files``."""
+
+    name = "files"
+    kinds = ("bash", "write", "done")
+
+    def __init__(self, limits: EpisodeLimits | None = None, pool: Any = None, queue_timeout_s: float = 60.0) -> None:
+        super().__init__(limits)
+        self._pool, self.queue_timeout_s = pool, queue_timeout_s
+        self.session: Any = None
+
+    @property
+    def pool(self):
+        if self._pool is None:
+            self._pool = shared_pool("shell")
+        return self._pool
+
+    def _start(self, record: dict[str, Any]) -> str:
+        start = json.loads(record["start_files"])
+        limits = self.pool.profile.limits.merged(wall_s=self.limits.step_timeout_s)
+        self.session = Session(self.pool.acquire(timeout=self.queue_timeout_s), limits)
+        if start:
+            self.session.write_files(start)
+        return record["instruction"]
+
+    def _act(self, action: Action, timeout_s: float) -> tuple[str, Outcome | None]:
+        if action.kind == "write":
+            try:
+                self.session.write_files({safe_relpath(action.path): action.content})
+            except SandboxError as e:
+                return f"[write refused] {e}", None
+            return f"[wrote {len(action.content)} chars to {action.path}]", None
+        r = self.session.run(action.command, timeout=timeout_s)
+        if r.verdict == "error":
+            raise RuntimeError(r.stderr[-300:] or "sandbox error")
+        text = r.stdout + (("\n[stderr]\n" + r.stderr) if r.stderr else "")
+        status = f"[exit {r.exit_code}]" if r.verdict == "ok" else f"[{r.verdict}]"
+        observation = f"{truncate(text, self.limits.max_observation_chars).rstrip()}\n{status}".lstrip("\n")
+        return observation, (None if r.verdict == "ok" else r.verdict)
+
+    def _end_state_ok(self) -> bool:
+        return file_state_matches(work_dir_files(self.session.box.snapshot()), json.loads(self.record["end_files"]))
+
+    def _release(self) -> None:
+        if self.session is not None:
+            box, self.session = self.session.box, None
+            self.pool.release(box)  # wiped before anyone else gets it
+
+
+# -- ledger: a small stateful API called with JSON tool calls ---------------------------------------
+
+
+class LedgerEnvironment(EpisodeEnvironment):
+    """A ``ledger_tasks`` record: ``start_accounts`` in a fresh ``Ledger``, tool calls against it,
+    reward when the accounts equal ``end_accounts`` exactly."""
+
+    name = "ledger"
+    kinds = ("call", "done")
+
+    def _start(self, record: dict[str, Any]) -> str:
+        self.ledger = Ledger(json.loads(record["start_accounts"]))
+        return record["instruction"]
+
+    def _act(self, action: Action, timeout_s: float) -> tuple[str, Outcome | None]:
+        if action.name not in LEDGER_TOOLS:
+            return f"error: unknown tool {action.name!r}; tools: {', '.join(LEDGER_TOOLS)}", None
+        try:
+            result = getattr(self.ledger, action.name)(**action.arguments)
+        except (TypeError, ValueError, KeyError) as e:
+            return f"error: {e}", None
+        return json.dumps(result, sort_keys=True), None
+
+    def _end_state_ok(self) -> bool:
+        return self.ledger.accounts == json.loads(self.record["end_accounts"])
+
+
+ENVIRONMENTS: dict[str, type[EpisodeEnvironment]] = {"files": FilesEnvironment, "ledger": LedgerEnvironment}
+
+
+def make_environment(kind: str, limits: EpisodeLimits | None = None, **kwargs: Any) -> EpisodeEnvironment:
+    try:
+        cls = ENVIRONMENTS[kind]
+    except KeyError:
+        raise ValueError(f"unknown environment {kind!r}; known: {', '.join(sorted(ENVIRONMENTS))}") from None
+    return cls(limits, **kwargs)
+
+
+def play(env: EpisodeEnvironment, record: dict[str, Any], turns: list[str]) -> float:
+    """Run scripted model turns through one episode (reference and degenerate policies, replay);
+    the reward. Turns past the episode's end are ignored."""
+    env.reset(**record)
+    for text in turns:
+        if env.finished:
+            break
+        env.step(text)
+    if not env.finished:
+        env.outcome = "max_turns"  # the policy ran out of turns without saying done
+    return env.get_reward()

@@ -1,0 +1,57 @@
+"""Multi-step domains: the reward is the end state an episode leaves in its environment.
+
+A multi-step domain names its environment (``env: files | ledger``) and its episode limits in its
+verifier params. In GRPO each sample is a whole episode (``temper.training.multiturn``) and the
+environment itself scores the end state (``EpisodeEnvironment.get_reward``). This family is the
+same check for a single completion (eval, a one-shot plan, an SFT reference): every action tag of
+the completion is played as one turn of a fresh episode, which is then scored like any other, so a
+completion that never says ``<done/>``, or reaches a wrong state, scores 0.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import PositiveFloat, PositiveInt
+
+from temper.agent.environment import EpisodeLimits, action_texts, make_environment, play
+from temper.verifiers.base import Verdict, Verifier
+from temper.verifiers.registry import register
+
+
+def episode_limits(params: dict[str, Any]) -> EpisodeLimits:
+    known = EpisodeLimits()
+    return EpisodeLimits(max_turns=int(params.get("max_turns", known.max_turns)),
+                         budget_s=float(params.get("budget_s", known.budget_s)),
+                         step_timeout_s=float(params.get("step_timeout_s", known.step_timeout_s)),
+                         max_observation_chars=int(params.get("max_observation_chars", known.max_observation_chars)))
+
+
+@register
+class EpisodeVerifier(Verifier):
+    """params: env ('files' | 'ledger'), max_turns, budget_s (wall clock per episode), step_timeout_s,
+    max_observation_chars (observation shown to the model), turn_tokens (new tokens per model turn in
+    GRPO, default 64)."""
+
+    family = "episode"
+    known_params = {"env": Literal["files", "ledger"], "max_turns": PositiveInt, "budget_s": PositiveFloat,
+                    "step_timeout_s": PositiveFloat, "max_observation_chars": PositiveInt,
+                    "turn_tokens": PositiveInt}
+    offload = True  # a files episode waits on sandbox commands
+
+    def environment(self, **kwargs: Any):
+        """A fresh environment of this domain's kind and limits (kwargs: e.g. the files env's ``pool``)."""
+        return make_environment(self.params.get("env", "files"), episode_limits(self.params), **kwargs)
+
+    def score(self, record: dict[str, Any], completion: str) -> Verdict | None:
+        if not record.get("instruction"):
+            return None
+        if (bad := self.screen(record, completion)) is not None:
+            return bad
+        env = self.environment()
+        turns = action_texts(completion)
+        try:
+            reward = play(env, record, turns or [completion])
+        finally:
+            env.close()
+        return Verdict(reward, {"outcome": env.outcome, "turns": env.turns, "wall_s": round(env.wall_s, 3)})

@@ -1,0 +1,114 @@
+"""Multi-step environments without a sandbox: action parsing, the ledger API episode, the generated
+tasks and their scripted reference policy, and the policies that must earn nothing."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from temper.agent.environment import (Action, EpisodeLimits, LedgerEnvironment, parse_action, parse_actions, play,
+                                      render_action)
+from temper.data.generators import generate
+from temper.verifiers.registry import get_verifier
+
+LEDGER = generate("ledger_tasks", 40, 0, 0.1, {}).to_dict("records")
+
+
+def test_a_turn_parses_into_its_first_action_or_none():
+    assert parse_action("I will list: <bash>ls -la</bash> then <done/>") == Action("bash", command="ls -la")
+    assert parse_action('<write path="a/b.txt">x\ny</write>') == Action("write", path="a/b.txt", content="x\ny")
+    assert parse_action('<call>{"name": "deposit", "arguments": {"account": "bob", "amount": 3}}</call>') == \
+        Action("call", name="deposit", arguments={"account": "bob", "amount": 3})
+    assert parse_action("all good <done />").kind == "done"
+    for text in ["", "ls -la", "<bash>  </bash>", "<call>not json</call>", '<call>{"arguments": {}}</call>',
+                 '<call>["deposit"]</call>', "PASSED", None]:
+        assert parse_action(text) is None, text
+    a = Action("call", name="transfer", arguments={"source": "a", "target": "b", "amount": 1})
+    assert parse_action(render_action(a)) == a
+    assert len(parse_actions("<done/> <bash>x</bash> <call>bad</call>")) == 3
+
+
+def test_generation_is_deterministic_and_every_task_needs_several_steps():
+    again = generate("ledger_tasks", 40, 0, 0.1, {}).to_dict("records")
+    assert again == LEDGER
+    for rec in LEDGER + generate("file_tasks", 40, 0, 0.1, {}).to_dict("records"):
+        turns = json.loads(rec["reference"])
+        assert len(turns) >= 3 and turns[-1] == "<done/>"  # at least two actions, then done
+
+
+def test_reference_policy_solves_every_ledger_task_in_turns():
+    env = LedgerEnvironment()
+    for rec in LEDGER:
+        turns = json.loads(rec["reference"])
+        assert play(env, rec, turns) == 1.0, rec["id"]
+        assert env.outcome == "done" and env.turns == len(turns)
+
+
+def wrong_last_amount(rec):
+    turns = json.loads(rec["reference"])
+    call = json.loads(turns[-2][len("<call>"):-len("</call>")])
+    if "amount" not in call["arguments"]:
+        return None
+    call["arguments"]["amount"] += 1
+    return turns[:-2] + [f"<call>{json.dumps(call)}</call>", "<done/>"]
+
+
+@pytest.mark.parametrize("policy", [
+    lambda rec: [],  # says nothing
+    lambda rec: [""],  # empty turn
+    lambda rec: ["<done/>"],  # done at once
+    lambda rec: [rec["instruction"]],  # echoes the task
+    lambda rec: ["PASSED", "<done/>"],  # prints a pass
+    lambda rec: ['<call>{"name": "_end_state_ok", "arguments": {}}</call>', "<done/>"],  # reaches for the checker
+    lambda rec: ['<call>{"name": "__init__", "arguments": {"accounts": %s}}</call>' % rec["end_accounts"], "<done/>"],
+    lambda rec: json.loads(rec["reference"])[:-1],  # does the work but never says done
+    lambda rec: json.loads(rec["reference"])[:-2] + ["<done/>"],  # stops one call short
+    wrong_last_amount,
+], ids=["silent", "empty", "done-at-once", "echo", "passed", "checker", "init", "never-done", "short", "off-by-one"])
+def test_degenerate_ledger_policies_score_zero(policy):
+    env = LedgerEnvironment()
+    scored = 0
+    for rec in LEDGER:
+        turns = policy(rec)
+        if turns is None:
+            continue
+        assert play(env, rec, turns) == 0.0, (rec["id"], turns, env.outcome)
+        scored += 1
+    assert scored >= 10
+
+
+def test_episode_limits_end_episodes_with_counted_outcomes():
+    rec = LEDGER[0]
+    env = LedgerEnvironment(EpisodeLimits(max_turns=2))
+    env.reset(**rec)
+    env.step('<call>{"name": "list_accounts", "arguments": {}}</call>')
+    env.step('<call>{"name": "list_accounts", "arguments": {}}</call>')
+    assert env.finished and env.outcome == "max_turns" and env.get_reward() == 0.0
+    assert env.step("<done/>") == ""  # nothing happens after the end
+
+    env = LedgerEnvironment(EpisodeLimits(budget_s=0.05))
+    env.reset(**rec)
+    env.started -= 1.0  # the episode's wall clock is spent (generation counts too)
+    env.step('<call>{"name": "list_accounts", "arguments": {}}</call>')
+    assert env.outcome == "budget" and env.get_reward() == 0.0
+
+    env = LedgerEnvironment()
+    env.reset(**rec)
+    assert "unknown tool" in env.step('<call>{"name": "drop_table", "arguments": {}}</call>')
+    assert "error" in env.step('<call>{"name": "deposit", "arguments": {"account": "nobody", "amount": -5}}</call>')
+    assert not env.finished  # a bad call is an observation, the model may recover
+    env.step("I think I am finished")
+    assert env.outcome == "no_action" and env.get_reward() == 0.0
+
+
+def test_episode_verifier_replays_a_transcript_as_one_episode():
+    verifier = get_verifier("episode", {"env": "ledger", "max_turns": 8})
+    rec = LEDGER[1]
+    turns = json.loads(rec["reference"])
+    assert verifier.score(rec, "\n".join(turns)).reward == 1.0
+    assert verifier.score(rec, "\n".join(turns[:-1])).reward == 0.0  # no done
+    assert verifier.score(rec, "<done/>").reward == 0.0
+    assert verifier.score(rec, "").reward == 0.0
+    with pytest.raises(ValueError, match="max_turns"):
+        get_verifier("episode", {"env": "ledger", "max_turns": 0})
