@@ -6,7 +6,9 @@ MinIO or a moto server on loopback.
 
 from __future__ import annotations
 
-from typing import Any
+import time
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 import fsspec
 
@@ -29,6 +31,33 @@ def storage_options(uri: str, settings: Settings | None = None) -> dict[str, Any
     # Fail fast on an unreachable endpoint instead of botocore's minutes of retries.
     opts["config_kwargs"] = {"connect_timeout": 5, "read_timeout": 30, "retries": {"max_attempts": 2}}
     return opts
+
+
+T = TypeVar("T")
+
+
+def retrying(call: Callable[[], T], what: str, budget_s: float, log: Callable[[str], None] = print) -> T:
+    """``call()`` again and again (1, 2, 4 ... 15 s apart) until it succeeds or ``budget_s`` has passed.
+
+    For checkpoint uploads, which must outlive a store outage of a stated length. botocore's own
+    retry config counts attempts with random jitter and covers only S3, so the wait is bounded here
+    by time, for every fsspec backend. A missing local file is not an outage and is raised at once.
+    """
+    deadline, delay = time.monotonic() + budget_s, 1.0
+    while True:
+        try:
+            return call()
+        except FileNotFoundError:
+            raise
+        except Exception as e:
+            reason = f"{type(e).__name__}: {(str(e).splitlines() or [''])[0][:200]}"
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise StorageError(f"{what}: the store failed for {budget_s:.0f} s ({reason})") from None
+            wait = min(delay, left, 15.0)
+            log(f"temper: store unreachable during {what} ({reason}); retrying in {wait:.0f} s")
+            time.sleep(wait)
+            delay *= 2
 
 
 def get_fs(uri: str, settings: Settings | None = None) -> tuple[fsspec.AbstractFileSystem, str]:

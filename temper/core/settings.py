@@ -45,6 +45,10 @@ class Settings(BaseSettings):
         "a named profile from s3_profile ('profile'), or none ('anonymous').",
     )
     s3_profile: str | None = Field(default=None, description="AWS profile name when s3_credentials='profile'.")
+    store_retry_s: float = Field(
+        default=300, ge=0,
+        description="How long a checkpoint upload keeps retrying through a store outage before the job fails (s).",
+    )
     prefect_api_url: str | None = Field(
         default=None,
         description="Prefect API URL. None means Prefect's ephemeral in-process API.",

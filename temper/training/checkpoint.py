@@ -14,7 +14,7 @@ import json
 import re
 from pathlib import Path
 
-from infra.storage import get_fs, join
+from infra.storage import get_fs, join, retrying
 from temper.core.settings import Settings, get_settings
 from temper.training.config import TrainConfig, TrainingError
 
@@ -75,6 +75,7 @@ def sync_to_store(cfg: TrainConfig, checkpoint_dir: Path, settings: Settings | N
     deleting (FileNotFoundError), and a node's state file could mark the checkpoint complete before
     the other node's partitions were there.
     """
+    settings = settings or get_settings()
     uri = store_uri(cfg, settings) + f"/checkpoints/{checkpoint_dir.name}"
     fs, path = get_fs(uri, settings)
     for f in sorted(checkpoint_dir.rglob("*")):
@@ -82,7 +83,8 @@ def sync_to_store(cfg: TrainConfig, checkpoint_dir: Path, settings: Settings | N
             rel = f.relative_to(checkpoint_dir).as_posix()
             if not uri.startswith("s3://"):
                 fs.makedirs(f"{path}/{rel}".rsplit("/", 1)[0], exist_ok=True)
-            fs.put_file(str(f), f"{path}/{rel}")
+            retrying(lambda f=f, rel=rel: fs.put_file(str(f), f"{path}/{rel}"), f"upload of {uri}/{rel}",
+                     settings.store_retry_s)
     if commit:
         commit_to_store(cfg, checkpoint_dir, settings)
     return uri
@@ -91,12 +93,16 @@ def sync_to_store(cfg: TrainConfig, checkpoint_dir: Path, settings: Settings | N
 def commit_to_store(cfg: TrainConfig, checkpoint_dir: Path, settings: Settings | None = None) -> str:
     """The state file last (a half copy is never 'complete'), then delete store checkpoints beyond
     the newest ``save_total_limit``. One process per run does this, after every upload."""
+    settings = settings or get_settings()
     uri = store_uri(cfg, settings) + f"/checkpoints/{checkpoint_dir.name}"
     fs, path = get_fs(uri, settings)
-    fs.put_file(str(checkpoint_dir / STATE_FILE), f"{path}/{STATE_FILE}")
-    steps = store_checkpoints(store_uri(cfg, settings), settings)
+    budget = settings.store_retry_s
+    retrying(lambda: fs.put_file(str(checkpoint_dir / STATE_FILE), f"{path}/{STATE_FILE}"),
+             f"commit of {uri}", budget)
+    steps = retrying(lambda: store_checkpoints(store_uri(cfg, settings), settings), f"listing of {uri}", budget)
     for old in steps[:-cfg.stage.save_total_limit]:
-        fs.rm(f"{path.rsplit('/', 1)[0]}/checkpoint-{old}", recursive=True)
+        retrying(lambda old=old: fs.rm(f"{path.rsplit('/', 1)[0]}/checkpoint-{old}", recursive=True),
+                 f"pruning of checkpoint-{old}", budget)
     return uri
 
 

@@ -101,3 +101,57 @@ def test_mlflow_down_during_grpo_loses_nothing_and_the_run_finishes(own_mlflow):
     assert grpo.info.status == "FINISHED"
     assert sorted(m.step for m in client.get_metric_history(grpo.info.run_id, "loss")) == list(range(1, steps + 1))
     assert {"grpo", "register"} <= {r.data.tags.get("temper.stage") for r in children}
+
+
+def test_s3_outage_during_checkpoint_uploads_is_retried_and_a_long_one_resumes_from_the_last_complete(
+        temper_home, s3_server, s3_env, tmp_path, monkeypatch):
+    """The store is moto's S3 behind a TCP proxy the test cuts. First outage: cut right after
+    checkpoint 2, restored 2 s after the upload of checkpoint 4 reported it retries: the upload
+    completes. Second outage: cut after checkpoint 4 and kept cut past the 12 s retry budget: the job
+    fails with one line naming the upload, checkpoint 6 is never complete in the store, and a restart
+    elsewhere (a fresh output folder) resumes from checkpoint 4."""
+    from temper.core.settings import get_settings
+    from temper.training import checkpoint as ckpt
+    from temper.training.config import load_config
+    from temper.training.tiny import init_tiny
+    from tests.integration.tcp_proxy import CuttableProxy
+    from tests.integration.test_training import launch, losses, write_config
+
+    proxy = CuttableProxy(int(s3_server.rsplit(":", 1)[1]))
+    monkeypatch.setenv("TEMPER_S3_ENDPOINT_URL", proxy.url)
+    monkeypatch.setenv("TEMPER_STORE_RETRY_S", "12")
+    monkeypatch.setenv("TEMPER_CATALOG_DIR", str(Path(__file__).resolve().parents[2] / "domains"))
+    get_settings.cache_clear()
+    generate("arithmetic")
+    init_tiny(tmp_path / "tiny")
+    fields = dict(mode="sft", base_model=str(tmp_path / "tiny"), domains=["arithmetic"], max_steps=6, save_steps=2)
+    config = write_config(tmp_path, "s3outage", **fields)
+
+    phase = {"n": 0}
+
+    def saboteur(line: str) -> None:
+        if phase["n"] == 0 and "checkpoint step 2 synced" in line:
+            proxy.cut()
+            phase["n"] = 1
+        elif phase["n"] == 1 and "store unreachable during upload" in line:
+            threading.Timer(2.0, proxy.restore).start()
+            phase["n"] = 2
+        elif phase["n"] == 2 and "checkpoint step 4 synced" in line:
+            proxy.cut()
+            phase["n"] = 3
+
+    status, lines = launch(config, "sft", on_line=saboteur)
+    proxy.restore()
+    text = "\n".join(lines)
+    assert phase["n"] == 3, text[-3000:]  # both outages happened where intended
+    assert status != 0
+    error = [line for line in lines if line.startswith("temper: error: ")]
+    assert error and "checkpoint-6" in error[0] and "the store failed for 12 s" in error[0], text[-3000:]
+    cfg = load_config(str(config), mode="sft")
+    assert max(ckpt.store_checkpoints(ckpt.store_uri(cfg))) == 4  # checkpoint 6 never got its state file
+
+    elsewhere = write_config(tmp_path, "s3outage", output_dir=str(tmp_path / "elsewhere"), **fields)
+    status, lines = launch(elsewhere, "sft")
+    assert status == 0, "\n".join(lines[-30:])
+    assert any("resuming from" in line and "checkpoint-4" in line for line in lines)
+    assert sorted(losses(tmp_path / "elsewhere")) == [5, 6]

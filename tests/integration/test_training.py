@@ -51,8 +51,9 @@ def write_config(root: Path, name: str, **fields) -> Path:
     return path
 
 
-def launch(config: Path, mode: str, stop_when: str | None = None) -> tuple[int, list[str]]:
-    """Run the job through the local launcher; optionally cancel it when a line appears."""
+def launch(config: Path, mode: str, stop_when: str | None = None, on_line=None) -> tuple[int, list[str]]:
+    """Run the job through the local launcher; optionally cancel it when a line appears, or hand
+    each line to ``on_line`` too (a test's fault injector)."""
     import threading
 
     from infra.launcher_local import run_job
@@ -61,8 +62,12 @@ def launch(config: Path, mode: str, stop_when: str | None = None) -> tuple[int, 
     lines: list[str] = []
     cancel = threading.Event()
 
+    inject = on_line
+
     def on_line(line: str) -> None:
         lines.append(line)
+        if inject is not None:
+            inject(line)
         if stop_when and stop_when in line:
             cancel.set()
 
