@@ -13,17 +13,25 @@ os.environ.setdefault("GX_ANALYTICS_ENABLED", "false")
 os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
 
 
+def use_embedded_home(mp: pytest.MonkeyPatch, home: Path) -> Path:
+    """Point temper (this process and every job it starts) at a fresh embedded home and the shipped
+    catalog, with no tracking server or store inherited from the caller's environment."""
+    from temper.core.settings import get_settings
+
+    mp.setenv("TEMPER_HOME", str(home))
+    mp.setenv("TEMPER_CATALOG_DIR", str(REPO / "domains"))
+    for var in ("TEMPER_TRACKING_URI", "TEMPER_STORAGE_ROOT", "TEMPER_S3_ENDPOINT_URL", "MLFLOW_TRACKING_URI"):
+        mp.delenv(var, raising=False)
+    get_settings.cache_clear()
+    return home
+
+
 @pytest.fixture
 def temper_home(tmp_path, monkeypatch):
     """A fresh embedded home (store + sqlite tracking) and the shipped catalog."""
     from temper.core.settings import get_settings
 
-    monkeypatch.setenv("TEMPER_HOME", str(tmp_path / "home"))
-    monkeypatch.setenv("TEMPER_CATALOG_DIR", str(REPO / "domains"))
-    for var in ("TEMPER_TRACKING_URI", "TEMPER_STORAGE_ROOT", "TEMPER_S3_ENDPOINT_URL"):
-        monkeypatch.delenv(var, raising=False)
-    get_settings.cache_clear()
-    yield tmp_path / "home"
+    yield use_embedded_home(monkeypatch, tmp_path / "home")
     get_settings.cache_clear()
 
 

@@ -31,7 +31,7 @@ from infra.k8s.errors import JobFailed
 from infra.k8s.launcher import KubernetesLauncher
 from infra.k8s.options import KubernetesOptions
 from temper.training.config import nest_stage_fields
-from tests.conftest import REPO
+from tests.conftest import REPO, use_embedded_home
 
 pytestmark = pytest.mark.slow
 NS = "temper"
@@ -52,11 +52,7 @@ def workspace(tiny_model):
 
     root = Path(tempfile.mkdtemp(prefix="k8s-train-", dir="/var/tmp"))
     with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("TEMPER_HOME", str(root / "home"))
-        mp.setenv("TEMPER_CATALOG_DIR", str(REPO / "domains"))
-        for var in ("TEMPER_TRACKING_URI", "TEMPER_STORAGE_ROOT", "MLFLOW_TRACKING_URI"):
-            mp.delenv(var, raising=False)
-        get_settings.cache_clear()
+        use_embedded_home(mp, root / "home")
         catalog = load_catalog(REPO / "domains")
         for name in DOMAINS:
             generate_domain_dataset(catalog[name])

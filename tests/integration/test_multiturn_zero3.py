@@ -12,7 +12,7 @@ import yaml
 
 from infra.sandbox.bwrap import bwrap_available
 from temper.training.config import nest_stage_fields
-from tests.conftest import REPO
+from tests.conftest import REPO, use_embedded_home
 
 DOMAINS = ["file_tasks", "ledger_tasks"]
 pytestmark = [pytest.mark.slow,
@@ -27,11 +27,7 @@ def test_two_rank_multiturn_run_with_unequal_episodes_completes_and_logs_turns(t
     from temper.training.job import training_job
     from temper.training.tiny import init_tiny
 
-    monkeypatch.setenv("TEMPER_HOME", str(tmp_path / "home"))
-    monkeypatch.setenv("TEMPER_CATALOG_DIR", str(REPO / "domains"))
-    for var in ("TEMPER_TRACKING_URI", "TEMPER_STORAGE_ROOT", "MLFLOW_TRACKING_URI"):
-        monkeypatch.delenv(var, raising=False)
-    get_settings.cache_clear()
+    use_embedded_home(monkeypatch, tmp_path / "home")
     catalog = load_catalog(REPO / "domains")
     for name in DOMAINS:
         generate_domain_dataset(catalog[name])

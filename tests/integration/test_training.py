@@ -14,7 +14,7 @@ import pytest
 import yaml
 
 from temper.training.config import nest_stage_fields
-from tests.conftest import REPO
+from tests.conftest import REPO, use_embedded_home
 
 DOMAINS = ["arithmetic", "multiplication"]
 pytestmark = pytest.mark.slow
@@ -30,11 +30,7 @@ def workspace(tmp_path_factory):
 
     root = tmp_path_factory.mktemp("train")
     with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("TEMPER_HOME", str(root / "home"))
-        mp.setenv("TEMPER_CATALOG_DIR", str(REPO / "domains"))
-        for var in ("TEMPER_TRACKING_URI", "TEMPER_STORAGE_ROOT", "MLFLOW_TRACKING_URI"):
-            mp.delenv(var, raising=False)
-        get_settings.cache_clear()
+        use_embedded_home(mp, root / "home")
         catalog = load_catalog(REPO / "domains")
         for name in DOMAINS:
             generate_domain_dataset(catalog[name])
