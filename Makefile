@@ -24,7 +24,7 @@ demo: $(STAMP)
 	$(VENV)/bin/temper demo
 
 test: $(STAMP) system-deps
-	$(PY) -m pytest -q tests
+	$(PY) -m pytest -q --durations=20 tests
 
 # The inner loop: everything but the tests marked slow (training runs, hundreds of domains, the
 # browser, whole public benchmarks). CI runs `make test`, all of them.
