@@ -25,6 +25,7 @@ class RestartableMlflow:
 
     def __init__(self, root: Path) -> None:
         self.root, self.port = root, free_port()
+        root.mkdir(parents=True, exist_ok=True)
         self.uri = f"http://127.0.0.1:{self.port}"
         self.proc: subprocess.Popen | None = None
         self.start()
