@@ -79,8 +79,8 @@ def test_mlflow_down_during_grpo_loses_nothing_and_the_run_finishes(own_mlflow):
         deadline = time.monotonic() + 900
         while own_mlflow.grpo_steps_logged() < 1 and time.monotonic() < deadline:
             time.sleep(0.5)
-        outage["stopped_at_step"] = own_mlflow.grpo_steps_logged()
         own_mlflow.stop()
+        outage["stopped_at_step"] = own_mlflow.grpo_steps_logged()  # after the stop: in-flight writes are done
         time.sleep(20)
         outage["steps_while_down"] = own_mlflow.grpo_steps_logged()
         own_mlflow.start()
