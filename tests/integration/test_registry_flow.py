@@ -277,11 +277,14 @@ def test_timings(flow_registry):
 
 # ---- failures after the lifecycle run opened -----------------------------------------------
 
-FAILURES = {  # the stage that fails -> how to make it fail cheaply
-    "train-sft": dict(base_model="/nonexistent/base-model"),
-    "train-grpo": dict(base_model="/nonexistent/base-model", sft={"enabled": False}),
-    "resolve_domains": dict(sft={"enabled": False}, eval={"domains": ["no-such-domain"], "limit": 4}),
-    "register": dict(sft={"enabled": False}, eval={"limit": 4}, promotion={"alias": "v7"}),  # MLflow refuses v<N>
+FAILURES = {  # case -> (the stage that fails, how to make it fail cheaply)
+    "train-sft": ("train-sft", dict(base_model="/nonexistent/base-model")),
+    "train-grpo": ("train-grpo", dict(base_model="/nonexistent/base-model", sft={"enabled": False})),
+    "resolve_domains": ("resolve_domains", dict(sft={"enabled": False}, eval={"domains": ["no-such-domain"], "limit": 4})),
+    # after the version is created: MLflow refuses an alias like v<N>
+    "register": ("register", dict(sft={"enabled": False}, eval={"limit": 4}, promotion={"alias": "v7"})),
+    # after the model is logged, before any version: MLflow refuses ':' in a registered model's name
+    "register-bad-name": ("register", dict(sft={"enabled": False}, eval={"limit": 4}, model_name="failing:name")),
 }
 
 
@@ -296,17 +299,18 @@ def failing_home(tmp_path_factory, prefect_api):
     get_settings.cache_clear()
 
 
-@pytest.mark.parametrize("stage", list(FAILURES))
-def test_any_failure_after_the_lifecycle_run_opens_closes_it_failed_with_a_report(failing_home, stage, tmp_path):
+@pytest.mark.parametrize("case", list(FAILURES))
+def test_any_failure_after_the_lifecycle_run_opens_closes_it_failed_with_a_report(failing_home, case, tmp_path):
     """Was: the lifecycle run stayed RUNNING, with no report, whenever a stage after it failed."""
     from flows.post_training import post_training
     from tasks.registry import FLOW_RUN_TAG
 
-    state = post_training(_params(model_name=f"failing-{stage}", **FAILURES[stage]), return_state=True)
+    stage, overrides = FAILURES[case]
+    state = post_training(_params(**{"model_name": f"failing-{case}", **overrides}), return_state=True)
     assert state.is_failed()
     c = _client()
-    runs = c.search_runs([c.get_experiment_by_name("post_training").experiment_id],
-                         f"tags.`{FLOW_RUN_TAG}` = '{state.state_details.flow_run_id}'")
+    experiment_id = c.get_experiment_by_name("post_training").experiment_id
+    runs = c.search_runs([experiment_id], f"tags.`{FLOW_RUN_TAG}` = '{state.state_details.flow_run_id}'")
     assert len(runs) == 1
     run = runs[0]
     assert run.info.status == "FAILED"
@@ -314,3 +318,12 @@ def test_any_failure_after_the_lifecycle_run_opens_closes_it_failed_with_a_repor
     report = open(c.download_artifacts(run.info.run_id, "report.md", str(tmp_path))).read()
     assert report.startswith(f"# post_training {run.info.run_name}: FAILED")
     assert f"## Failed\n\n{stage}" in report
+    if stage == "register":
+        # Was: each of the task's 4 attempts logged the model again (and, past the version, registered
+        # another version), leaving unlinked logged models behind. One of each per lifecycle run.
+        models = c.search_logged_models([experiment_id], filter_string=f"params.lifecycle_run = '{run.info.run_id}'")
+        versions = [mv for mv in c.search_model_versions(f"name = '{overrides.get('model_name', f'failing-{case}')}'")
+                    if mv.tags.get("temper.lifecycle_run") == run.info.run_id] if case == "register" else []
+        assert [str(m.status.name if hasattr(m.status, "name") else m.status) for m in models] == ["READY"]
+        assert len(versions) == (1 if case == "register" else 0)
+        assert all(mv.source == f"models:/{models[0].model_id}" for mv in versions)  # the version's model is that one
