@@ -17,8 +17,14 @@ from temper.data.validation import log_validated_datasets
 from temper.lifecycle.params import PostTrainingParams
 from temper.lifecycle.report import post_training_markdown, run_link
 from temper.registry.gate import GateDecision, PromotionPolicy, decide
-from temper.registry.model_store import DEFAULT_EXAMPLE, EvalMetrics, log_hf_model
-from temper.registry.registration import champion_metrics, champion_samples, register_version, run_samples
+from temper.registry.model_store import DEFAULT_EXAMPLE, EvalMetrics, LoggedModel, log_hf_model, reusable_logged_model
+from temper.registry.registration import (
+    champion_metrics,
+    champion_samples,
+    lifecycle_version,
+    register_version,
+    run_samples,
+)
 
 _MLFLOW_RETRY = dict(retries=3, retry_delay_seconds=[2, 5, 15])
 FLOW_RUN_TAG = "temper.prefect_flow_run"  # on the lifecycle run: which Prefect flow run opened it
@@ -144,26 +150,45 @@ def _example_prompt(domains: list[str]) -> str:
         return DEFAULT_EXAMPLE
 
 
-@task(**_MLFLOW_RETRY)
-def register(params: PostTrainingParams, model_dir: str, parent_run_id: str, eval_results: dict[str, dict],
-             decision: GateDecision) -> dict:
-    """A 'register' stage run holding the logged model (transformers flavour), then the version and alias."""
+def _log_model(params: PostTrainingParams, model_dir: str, parent_run_id: str, eval_results: dict[str, dict],
+               decision: GateDecision, config_hash: str) -> LoggedModel:
+    """A new 'register' stage run under the lifecycle run, holding the logged model."""
     # lazy: mlflow (1.6 s) would load whenever flows.post_training is imported
     import mlflow
 
-    lineage.configure()
-    config_hash = lineage.config_hash(params)
     run_id = lineage.open_run("post_training", "register", parent_run_id=parent_run_id,
                               tags={lineage.TAG_KIND: "stage", lineage.TAG_STAGE: "register",
                                     lineage.TAG_BASE_MODEL: params.base_model, lineage.TAG_CONFIG_HASH: config_hash})
     with mlflow.start_run(run_id=run_id):
-        logged = log_hf_model(model_dir, example_prompt=_example_prompt(list(eval_results) or params.domains),
-                              max_new_tokens=params.eval.max_new_tokens, evals=_eval_metrics(eval_results),
-                              params={"base_model": params.base_model, "config_hash": config_hash,
-                                      "lifecycle_run": parent_run_id},
-                              description=f"{params.model_name}, trained by temper's post_training flow "
-                                          f"(lifecycle run {parent_run_id}); gate: {decision.reason}")
-    return register_version(params.model_name, logged.model_uri, run_id, model_id=logged.model_id,
+        return log_hf_model(model_dir, example_prompt=_example_prompt(list(eval_results) or params.domains),
+                            max_new_tokens=params.eval.max_new_tokens, evals=_eval_metrics(eval_results),
+                            params={"base_model": params.base_model, "config_hash": config_hash,
+                                    "lifecycle_run": parent_run_id},
+                            description=f"{params.model_name}, trained by temper's post_training flow "
+                                        f"(lifecycle run {parent_run_id}); gate: {decision.reason}")
+
+
+@task(**_MLFLOW_RETRY)
+def register(params: PostTrainingParams, model_dir: str, parent_run_id: str, eval_results: dict[str, dict],
+             decision: GateDecision) -> dict:
+    """A 'register' stage run holding the logged model (transformers flavour), then the version and alias.
+
+    Idempotent per lifecycle run, as its retries need: an earlier attempt's version is finished, not
+    registered again; else its logged model is reused, not logged again (see reusable_logged_model).
+    """
+    # lazy: mlflow (1.6 s) would load whenever flows.post_training is imported
+    from mlflow.tracking import MlflowClient
+
+    lineage.configure()
+    c = MlflowClient()
+    done = lifecycle_version(c, params.model_name, parent_run_id)
+    if done is not None:
+        source, run_id, model_id = done.source, done.run_id, None
+    else:
+        logged = (reusable_logged_model(c, c.get_run(parent_run_id).info.experiment_id, parent_run_id)
+                  or _log_model(params, model_dir, parent_run_id, eval_results, decision, lineage.config_hash(params)))
+        source, run_id, model_id = logged.model_uri, logged.run_id, logged.model_id
+    return register_version(params.model_name, source, run_id, model_id=model_id,
                             eval_results=eval_results, decision=decision, alias=params.promotion.alias,
                             fallback_alias=params.promotion.fallback_alias,
                             tags={lineage.TAG_BASE_MODEL: params.base_model, lineage.TAG_GIT: lineage.code_version(),

@@ -40,18 +40,34 @@ def _try_create(c: Any, name: str, token: str) -> bool:
                                   description="temper: held while an alias of the model moves; deleted after")
         return True
     except MlflowException as e:
-        if e.error_code == "RESOURCE_ALREADY_EXISTS" or "locked" in mlflow_message(e):  # sqlite busy: retry
+        # Held by someone else: RESOURCE_ALREADY_EXISTS; sqlite busy: "database is locked". Also "not
+        # found": on a duplicate name MLflow's SQL store looks the existing model up (is it a prompt?),
+        # and when its holder released the lock in between, that lookup fails. Retry all three.
+        held = e.error_code == "RESOURCE_ALREADY_EXISTS" or e.error_code in NOT_FOUND_CODES
+        if held or "database is locked" in mlflow_message(e):
             return False
         raise RegistryOpError(f"cannot take the registry lock {name!r}: {mlflow_message(e)}") from None
 
 
 def _break_if_stale(c: Any, name: str, stale_after: float) -> None:
+    """Delete the lock if its holder took it over ``stale_after`` seconds ago (a crashed process).
+
+    A lock without its ``since`` tag is not stale: it is one read mid-change. MLflow's SQL store
+    reads a model's row and then its tags in a second query (``subqueryload``), so a lock released
+    between the two reads as a row with no tags. Taking that as "since 0" deleted the next holder's
+    live lock and let two holders in (6 processes x 15 rounds lost 3 of 90 increments made under
+    the lock). The owner is read again just before deleting, so a lock taken again meanwhile is
+    not the one deleted.
+    """
     # lazy: mlflow (1.6 s) would load in fast unit tests (test_domain_roles.py)
     from mlflow.exceptions import MlflowException
 
     try:
-        since = float(c.get_registered_model(name).tags.get("temper.lock.since", "0"))
-        if time.time() - since > stale_after:
+        tags = c.get_registered_model(name).tags
+        since, owner = tags.get("temper.lock.since"), tags.get("temper.lock.owner")
+        if since is None or owner is None or time.time() - float(since) <= stale_after:
+            return
+        if c.get_registered_model(name).tags.get("temper.lock.owner") == owner:
             c.delete_registered_model(name)
     except MlflowException as e:
         if e.error_code not in NOT_FOUND_CODES:  # released meanwhile: fine
@@ -75,7 +91,8 @@ def model_lock(c: Any, model: str, *, timeout: float = TIMEOUT_S, stale_after: f
     try:
         yield
     finally:
-        try:
-            c.delete_registered_model(name)
+        try:  # only our own lock: after ours was broken as stale, the lock there is someone else's
+            if c.get_registered_model(name).tags.get("temper.lock.owner") == token:
+                c.delete_registered_model(name)
         except MlflowException:
             pass  # broken as stale by someone else; nothing to release

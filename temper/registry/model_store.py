@@ -38,6 +38,7 @@ REQUIREMENTS = ("torch", "transformers", "tokenizers", "safetensors")
 class LoggedModel:
     model_id: str
     model_uri: str  # models:/<model_id>, the version's source
+    run_id: str | None = None  # the run it was logged under (the register stage run)
 
 
 @dataclass(frozen=True)
@@ -104,7 +105,26 @@ def log_hf_model(model_dir: str | Path, *, example_prompt: str = DEFAULT_EXAMPLE
     for m in evals:
         dataset = _dataset_entity(m) if m.dataset_uri and m.dataset_sha256 else None
         mlflow.log_metrics(m.metrics, model_id=info.model_id, dataset=dataset)
-    return LoggedModel(model_id=info.model_id, model_uri=info.model_uri)
+    return LoggedModel(model_id=info.model_id, model_uri=info.model_uri, run_id=info.run_id)
+
+
+def reusable_logged_model(c: Any, experiment_id: str, lifecycle_run: str) -> LoggedModel | None:
+    """The logged model an earlier attempt to register this lifecycle run left behind, if whole.
+
+    A retried register task would otherwise log the model again and leave the first one unlinked
+    (a logged model no version points to). The newest READY one is reused; every other logged
+    model of the lifecycle run (failed or half-written uploads, older duplicates) is deleted.
+    Call only when no version of the lifecycle run exists yet (a version's model is never here).
+    """
+    attempts = sorted(c.search_logged_models([experiment_id], filter_string=f"params.lifecycle_run = '{lifecycle_run}'"),
+                      key=lambda m: m.creation_timestamp, reverse=True)
+    ready = [m for m in attempts if str(getattr(m.status, "name", m.status)) == "READY"]
+    keep = ready[0] if ready else None
+    for m in attempts:
+        if m is not keep:
+            c.delete_logged_model(m.model_id)
+    return None if keep is None else LoggedModel(model_id=keep.model_id, model_uri=keep.model_uri,
+                                                 run_id=keep.source_run_id)
 
 
 def hf_folder(source: str, target: str | Path) -> Path:

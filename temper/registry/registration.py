@@ -14,7 +14,7 @@ from temper.core.errors import TrackingError
 from temper.registry.aliases import record_flow_alias
 from temper.registry.gate import GateDecision
 from temper.registry.samples import Samples, eval_samples, version_samples
-from temper.registry.store import client, mlflow_message, version_of
+from temper.registry.store import aliases_of, client, mlflow_message, registered_model, version_of
 from temper.registry.tags import eval_tags, mean_rewards
 
 
@@ -65,24 +65,36 @@ def ensure_registered_model(c: Any, model_name: str) -> None:
             raise TrackingError(f"cannot create registered model {model_name}: {mlflow_message(e)}") from None
 
 
+def lifecycle_version(c: Any, model_name: str, lifecycle_run: str | None) -> Any | None:
+    """The version an earlier attempt registered for this lifecycle run (one per run), or None."""
+    if not lifecycle_run:
+        return None
+    found = [mv for mv in c.search_model_versions(f"name = '{model_name}'")
+             if mv.tags.get("temper.lifecycle_run") == lifecycle_run]
+    return min(found, key=lambda mv: int(mv.version)) if found else None
+
+
 def register_version(model_name: str, source: str, run_id: str, *, eval_results: dict[str, dict[str, Any]],
                      decision: GateDecision, alias: str, fallback_alias: str, tags: dict[str, str],
                      model_id: str | None = None) -> dict[str, Any]:
     """Create the version, tag it with eval metrics and the gate decision, set the right alias.
 
     ``model_id``: the logged model behind a ``models:/<model_id>`` source (a tracking server requires it).
+    Idempotent per lifecycle run (``tags["temper.lifecycle_run"]``): a retry after a failure past
+    the version's creation finishes that version instead of registering a second one, and does not
+    record the alias move again when it already happened.
     """
     c = client()
     ensure_registered_model(c, model_name)
-    mv = c.create_model_version(
+    mv = lifecycle_version(c, model_name, tags.get("temper.lifecycle_run")) or c.create_model_version(
         name=model_name, source=source, run_id=run_id, model_id=model_id,
         tags={**tags, **eval_tags(eval_results), "temper.gate.passed": str(decision.passed).lower(),
               "temper.gate.reason": decision.reason, "temper.gate.deltas": json.dumps(decision.deltas)})
     version = version_of(mv)
     chosen = alias if decision.passed else fallback_alias
-    record_flow_alias(c, model_name, chosen, version, reason=f"post_training gate: {decision.reason}",
-                      gate=decision.reason)
+    if aliases_of(registered_model(c, model_name)).get(chosen) != version:
+        record_flow_alias(c, model_name, chosen, version, reason=f"post_training gate: {decision.reason}",
+                          gate=decision.reason)
     if not decision.passed:
         c.set_model_version_tag(model_name, version, "temper.candidate_reason", decision.reason)
-    return {"name": model_name, "version": version, "alias": chosen, "source": source}
-
+    return {"name": model_name, "version": version, "alias": chosen, "source": mv.source}
