@@ -21,11 +21,6 @@ nothing one episode writes is seen by the next.
 
 from __future__ import annotations
 
-from infra.sandbox import SandboxError
-from infra.sandbox.api import safe_relpath
-from infra.sandbox import Session
-from infra.sandbox import shared_pool
-
 import io
 import json
 import logging
@@ -35,6 +30,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Literal
 
+from infra.sandbox import SandboxError, Session, shared_pool
+from infra.sandbox.api import safe_relpath
 from temper.agent.ledger import LEDGER_TOOLS, Ledger
 
 log = logging.getLogger(__name__)

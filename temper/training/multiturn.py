@@ -25,19 +25,19 @@ the same prompt text are the same task.
 
 from __future__ import annotations
 
-from concurrent.futures import ThreadPoolExecutor
-from infra.sandbox import SandboxPool
-from temper.verifiers.registry import get_verifier
-import torch
-
 import json
 import logging
 import time
 from collections.abc import Iterable
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
+import torch
+
+from infra.sandbox import SandboxPool
 from temper.agent.environment import FAILURE_OUTCOMES, EpisodeEnvironment
 from temper.data.domain import Domain
+from temper.verifiers.registry import get_verifier
 
 log = logging.getLogger(__name__)
 
