@@ -165,10 +165,12 @@ def register(params: PostTrainingParams, model_dir: str, parent_run_id: str, eva
     import mlflow
 
     from infra import lineage
+    from infra.storage import local_folder
     from temper.registry.model_store import log_hf_model
     from temper.registry.registration import register_version
 
     lineage.configure()
+    model_dir = local_folder(model_dir)  # a store URI when the model was trained on a cluster
     config_hash = lineage.config_hash(params)
     run_id = lineage.open_run("post_training", "register", parent_run_id=parent_run_id,
                               tags={lineage.TAG_KIND: "stage", lineage.TAG_STAGE: "register",

@@ -204,13 +204,14 @@ def main(argv: list[str] | None = None) -> int:
                     help="local: transformers generate here; rollout: the rollout backend (TEMPER_ROLLOUT_*)")
     ap.add_argument("--out", required=True, help="directory (local path or fsspec URI) for <domain>.json results")
     args = ap.parse_args(argv)
-    from infra.storage import join, write_bytes_atomic
+    from infra.storage import join, local_folder, write_bytes_atomic
 
+    model = local_folder(args.model)  # a store URI when the model was trained on a cluster
     index, count = int(os.environ.get("TEMPER_SHARD_INDEX", "0")), int(os.environ.get("TEMPER_NUM_SHARDS", "1"))
     mine = shard_of(args.domain, index, count)
     out = args.out if "://" in args.out else str(Path(args.out).resolve())
     print(json.dumps({"shard": index, "shards": count, "domains": len(mine)}), flush=True)
-    for result in evaluate_domains(args.model, mine, args.catalog, args.limit, args.max_new_tokens,
+    for result in evaluate_domains(model, mine, args.catalog, args.limit, args.max_new_tokens,
                                    generator=args.generator):
         write_bytes_atomic(join(out, f"{result.domain}.json"), json.dumps(result.to_dict()).encode())
         print(json.dumps({k: v for k, v in result.to_dict().items() if k not in ("rewards", "ids", "samples")}),

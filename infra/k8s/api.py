@@ -50,6 +50,37 @@ class ClusterApi:
             return self.net.create_namespaced_network_policy(ns, obj)
         raise TypeError(f"cannot create {type(obj).__name__}")
 
+    # --- preflight reads (infra.k8s.preflight) --------------------------------------------
+    def version(self) -> str:
+        """The server's version: the cheapest call that proves the API server answers."""
+        info = k.VersionApi(self.api_client).get_code()
+        return f"{info.major}.{info.minor}"
+
+    def can_i(self, verb: str, resource: str, namespace: str, group: str = "", subresource: str | None = None) -> tuple[bool, str]:
+        """SelfSubjectAccessReview: may this identity do it? (allowed, the authorizer's reason)."""
+        review = k.V1SelfSubjectAccessReview(spec=k.V1SelfSubjectAccessReviewSpec(
+            resource_attributes=k.V1ResourceAttributes(verb=verb, resource=resource, namespace=namespace, group=group,
+                                                       subresource=subresource)))
+        status = k.AuthorizationV1Api(self.api_client).create_self_subject_access_review(review).status
+        return bool(status.allowed), status.reason or status.evaluation_error or ""
+
+    def read_namespace(self, name: str) -> k.V1Namespace:
+        return self.core.read_namespace(name)
+
+    def read_service_account(self, namespace: str, name: str) -> k.V1ServiceAccount:
+        return self.core.read_namespaced_service_account(name, namespace)
+
+    def list_resource_quotas(self, namespace: str) -> list[k.V1ResourceQuota]:
+        return list(self.core.list_namespaced_resource_quota(namespace).items or [])
+
+    def list_objects(self, namespace: str, label_selector: str) -> list[tuple[str, str]]:
+        """(kind, name) of the Jobs, pods and Services carrying ``label_selector``: what cleanup must leave empty."""
+        found = [("Job", j.metadata.name) for j in self.batch.list_namespaced_job(namespace, label_selector=label_selector).items]
+        found += [("Pod", p.metadata.name) for p in self.core.list_namespaced_pod(namespace, label_selector=label_selector).items]
+        found += [("Service", v.metadata.name)
+                  for v in self.core.list_namespaced_service(namespace, label_selector=label_selector).items]
+        return found
+
     def read_job(self, namespace: str, name: str) -> k.V1Job:
         return self.batch.read_namespaced_job(name, namespace)
 

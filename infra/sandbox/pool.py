@@ -41,13 +41,28 @@ _default: list[Backend] = []
 
 
 def default_backend() -> Backend:
-    """The process's local backend (one host directory for all its boxes, removed at exit)."""
+    """The process's backend, as the ``TEMPER_SANDBOX_BACKEND`` setting says (the flow's execution backend sets
+    it for the jobs it starts): bubblewrap boxes here (one host directory for all, removed at exit), or
+    sandbox pods in the cluster's sandbox namespace (``infra.sandbox.kubernetes``)."""
     with _backend_lock:
         if not _default:
-            from infra.sandbox.bwrap import BwrapBackend
-
-            _default.append(BwrapBackend())
+            _default.append(_make_backend())
         return _default[0]
+
+
+def _make_backend() -> Backend:
+    from temper.core.settings import get_settings
+
+    if get_settings().sandbox_backend == "kubernetes":
+        from infra.k8s.api import ClusterApi, load_config
+        from infra.k8s.options import options_from_env
+        from infra.sandbox.kubernetes import KubernetesBackend
+
+        load_config()  # in-cluster (a training/eval pod's token), else the kubeconfig
+        return KubernetesBackend(ClusterApi(), options_from_env())
+    from infra.sandbox.bwrap import BwrapBackend
+
+    return BwrapBackend()
 
 
 def request_argv(profile: Profile, command: list[str] | str | None, code: str | None) -> tuple[list[str], dict[str, str]]:
