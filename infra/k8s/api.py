@@ -17,14 +17,19 @@ from infra.k8s.errors import KubernetesError
 
 
 def load_config(context: str | None = None) -> None:
-    """In-cluster config when running in a pod (the Prefect worker), else ~/.kube/config."""
+    """In-cluster config when running in a pod (the Prefect worker), else $KUBECONFIG or ~/.kube/config.
+
+    $KUBECONFIG is read now, not when the client was imported (its default location is fixed then).
+    """
+    import os
+
     from kubernetes import config
 
     try:
         config.load_incluster_config()
     except config.ConfigException:
         try:
-            config.load_kube_config(context=context)
+            config.load_kube_config(config_file=os.environ.get("KUBECONFIG") or None, context=context)
         except (config.ConfigException, FileNotFoundError) as e:
             raise KubernetesError(f"no Kubernetes credentials: not in a pod and no usable kubeconfig ({e})") from e
 

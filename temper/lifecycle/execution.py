@@ -175,13 +175,14 @@ class KubernetesExecution:
         from infra.storage import write_bytes_atomic
         from temper.training.progress import quiet_env
 
+        env = self.env()  # first: what the pods cannot reach fails before anything is written
         pod_cfg = cfg.model_copy(update={"output_dir": f"{self.POD_HOME}/runs/{cfg.run_name}/{cfg.mode}"})
         config_uri, model_uri = self._store("runs", cfg.run_name, "train_config.yaml"), self._store("runs", cfg.run_name, "model")
         write_bytes_atomic(config_uri, yaml.safe_dump(pod_cfg.to_yaml_dict(), sort_keys=False).encode())
         spec = JobSpec(
             name=job_name(cfg.mode, cfg.run_name), kind="train", image=self.opts.image,
             command=["python", "-m", "workloads.train", cfg.mode, "--config", config_uri, "--export-to", model_uri],
-            env={**quiet_env(), "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false", **self.env(),
+            env={**quiet_env(), "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false", **env,
                  "TEMPER_PARENT_RUN_ID": parent_run_id},
             nodes=cfg.world_size if cfg.deepspeed else 1, procs_per_node=1, distributed=cfg.deepspeed,
             accelerate_config=f"{self.opts.app_dir.rstrip('/')}/{self.opts.accelerate_config}" if cfg.deepspeed else None,
