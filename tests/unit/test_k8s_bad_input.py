@@ -15,7 +15,7 @@ from kubernetes.client.exceptions import ApiException
 from infra.jobspec import JobSpec, Resources
 from infra.k8s import manifests as m
 from infra.k8s import preflight
-from infra.k8s.errors import JobFailed, KubernetesError
+from infra.k8s.errors import KubernetesError
 from infra.k8s.launcher import KubernetesLauncher, classify
 from infra.k8s.options import KubernetesOptions
 from tests.unit.test_k8s_manifests import FakeApi
