@@ -70,6 +70,8 @@ def verify(args) -> int:
     from temper.core.errors import TemperError
     from temper.verifiers import get_verifier
 
+    if args.concurrency < 1:
+        raise TemperError(f"--concurrency must be >= 1, got {args.concurrency}")
     weight = None
     if args.domain:
         verifier, weight = _domain_verifier(args)

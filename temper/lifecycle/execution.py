@@ -205,11 +205,15 @@ class KubernetesExecution:
                             m.objects_for(spec, self.opts, shards=shards))
             self._checked.add(self.opts.namespace)
 
+    def for_cluster(self, spec: JobSpec) -> JobSpec:
+        """The job as pods run it: the image, its interpreter (not this machine's path), the run's env."""
+        command = ["python", *spec.command[1:]] if spec.command and spec.command[0] == sys.executable else spec.command
+        return spec.model_copy(update={
+            "image": self.opts.image, "command": list(command), "env": {**spec.env, **self.env()},
+            "resources": self.opts.eval_resources if spec.kind == "eval" else spec.resources})
+
     def run(self, spec: JobSpec, on_line: LineFn, shards: int = 1) -> None:
-        spec = spec.model_copy(update={"image": self.opts.image, "env": {**spec.env, **self.env()},
-                                       "resources": self.opts.eval_resources if spec.kind == "eval" else spec.resources})
-        if spec.command and spec.command[0] == sys.executable:
-            spec.command[0] = "python"  # the image's interpreter, not this machine's path
+        spec = self.for_cluster(spec)
         self.preflight(spec, shards)
         self.launcher.run(spec, on_log=on_line, shards=shards)
 

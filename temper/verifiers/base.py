@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import re
 from dataclasses import dataclass, field
+from difflib import get_close_matches
 from typing import Any, ClassVar
 
 
@@ -22,6 +23,10 @@ class Verdict:
     def __post_init__(self) -> None:
         if not 0.0 <= self.reward <= 1.0:
             raise ValueError(f"reward must be in [0, 1], got {self.reward}")
+
+
+#: Params that ``screen`` and ``without_inputs`` read for every family.
+COMMON_PARAMS = frozenset({"max_completion_chars", "input_fields"})
 
 
 class Verifier:
@@ -44,8 +49,19 @@ class Verifier:
     input_fields: ClassVar[tuple[str, ...]] = ()
     #: Completions longer than this score 0 (params.max_completion_chars overrides it).
     max_completion_chars: ClassVar[int] = 32_768
+    #: The params this family reads, besides the ones every family reads (``COMMON_PARAMS``). A param
+    #: outside both is refused: a typo such as ``tolerence`` would otherwise be ignored and the domain
+    #: would train with the default. None: the family validates its params itself (typed, like judge).
+    known_params: ClassVar[frozenset[str] | None] = frozenset()
 
     def __init__(self, **params: Any) -> None:
+        if self.known_params is not None:
+            unknown = sorted(set(params) - self.known_params - COMMON_PARAMS)
+            if unknown:
+                known = sorted(self.known_params | COMMON_PARAMS)
+                hints = [f"{u!r}" + (f" (did you mean {close[0]!r}?)" if (close := get_close_matches(u, known, 1)) else "")
+                         for u in unknown]
+                raise ValueError(f"{self.family} verifier: unknown param(s) {', '.join(hints)}; known: {', '.join(known)}")
         self.params = params
 
     def score(self, record: dict[str, Any], completion: str) -> Verdict | None:

@@ -134,3 +134,29 @@ def test_the_sandbox_backend_follows_the_setting(settings_env, tmp_path, monkeyp
     assert isinstance(backend, KubernetesBackend) and backend.opts.sandbox_namespace == "boxes"
     settings_env(TEMPER_SANDBOX_BACKEND="bwrap")
     assert type(pool._make_backend()).__name__ == "BwrapBackend"
+
+
+def test_what_the_kubernetes_backend_submits_is_schema_valid_and_restricted(settings_env, tmp_path):
+    """The flow's own training and eval jobs, as objects: strict 1.33 schema and Pod Security "restricted"."""
+    import kubernetes_validate
+
+    from infra.jobspec import JobSpec
+    from infra.k8s import manifests as m
+    from tests.unit.test_k8s_static import restricted_violations
+
+    settings_env(TEMPER_STORAGE_ROOT=f"file://{tmp_path}/store", TEMPER_TRACKING_URI="http://mlflow.temper.svc:5000")
+    ex = KubernetesExecution(api=NoApi(), host="h")
+    train, _ = ex.training_job(_cfg(tmp_path), "run123")
+    ev = ex.for_cluster(JobSpec(name="eval-base-0123456789", kind="eval", command=[sys.executable, "-m", "workloads.evaluate"]))
+    assert ev.command[0] == "python" and ev.resources == ex.opts.eval_resources
+    objects = m.objects_for(train, ex.opts) + m.objects_for(ev, ex.opts, shards=2)
+    assert [o.kind for o in objects] == ["Service", "Job", "Job", "Job"]
+    for obj in objects:
+        doc = m.to_dict(obj)
+        kubernetes_validate.validate(doc, "1.33", strict=True)
+        if obj.kind == "Job":
+            pod = doc["spec"]["template"]["spec"]
+            assert restricted_violations(pod) == [] and pod["serviceAccountName"] == "temper-workload"
+    shard_env = [{e["name"]: e.get("value") for e in m.to_dict(j)["spec"]["template"]["spec"]["containers"][0]["env"]}
+                 for j in objects[2:]]
+    assert [(e["TEMPER_SHARD_INDEX"], e["TEMPER_NUM_SHARDS"]) for e in shard_env] == [("0", "2"), ("1", "2")]

@@ -42,6 +42,7 @@ class DocQAVerifier(Verifier):
     tolerance (1e-6 relative), partial (false), grounded (false)."""
 
     family = "doc_qa"
+    known_params = frozenset({"answer_field", "document_field", "grounded", "pick", "tolerance", "partial"})
     input_fields = ("document", "question", "context")
 
     def score(self, record: dict[str, Any], completion: str) -> Verdict | None:

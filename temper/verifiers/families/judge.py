@@ -57,6 +57,7 @@ def parse_params(params: dict[str, Any]) -> tuple[JudgeVerifierParams, Rubric]:
 @register
 class JudgeVerifier(Verifier):
     family = "judge"
+    known_params = None  # typed: JudgeVerifierParams refuses unknown fields itself
     offload = True  # an endpoint call, or a local judge model (torch releases the GIL)
 
     def __init__(self, **params: Any) -> None:

@@ -89,6 +89,7 @@ class NumericVerifier(Verifier):
     """
 
     family = "numeric"
+    known_params = frozenset({"answer_field", "pick", "tolerance", "relative"})
     input_fields = ("question", "problem", "prompt")
 
     def score(self, record: dict[str, Any], completion: str) -> Verdict | None:
@@ -124,6 +125,7 @@ class ExactVerifier(Verifier):
     """
 
     family = "exact"
+    known_params = frozenset({"mode", "stop", "pattern", "pattern_field", "full", "answer_field"})
     input_fields = ("question", "prompt", "problem")
 
     def __init__(self, **params: Any) -> None:

@@ -70,6 +70,7 @@ class CodeTestsVerifier(PooledVerifier):
     does not already pass)."""
 
     family = "code_tests"
+    known_params = frozenset({"timeout_s", "memory_mb", "partial"})
     sandbox_profile = "python"
     input_fields = ("prompt",)
 
@@ -126,6 +127,7 @@ class TerminalVerifier(Verifier):
     matters; default false), queue_timeout_s."""
 
     family = "terminal"
+    known_params = frozenset({"timeout_s", "memory_mb", "mode", "ordered", "queue_timeout_s"})
     sandbox_profile = "shell"
     offload = True  # a session of several sandboxed commands, waited on in a worker thread
 

@@ -110,6 +110,7 @@ def extract(completion: str) -> str | None:
 @register
 class ReasoningGymVerifier(PooledVerifier):
     family = "reasoning_gym"
+    known_params = frozenset({"max_answer_chars", "timeout_s", "memory_mb"})
     sandbox_profile = "reasoning_gym"
 
     def _job(self, record: dict[str, Any], completion: str):

@@ -82,6 +82,8 @@ class JSONExtractionVerifier(Verifier):
     """
 
     family = "json_extraction"
+    known_params = frozenset({"expected_field", "fields", "numeric_fields", "date_fields", "schema",
+                              "require_schema", "tolerance"})
     input_fields = ("document", "text")
 
     def score(self, record: dict[str, Any], completion: str) -> Verdict | None:
@@ -173,6 +175,7 @@ class ToolCallVerifier(Verifier):
     """
 
     family = "tool_call"
+    known_params = frozenset({"checker", "category"})
     input_fields = ("query", "functions")
 
     def score(self, record: dict[str, Any], completion: str) -> Verdict | None:
