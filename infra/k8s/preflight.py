@@ -123,6 +123,10 @@ def check(api: PreflightApi, host: str, namespace: str, service_account: str, ob
 
     try:
         api.version()
+    except ApiException as e:
+        if e.status in (401, 403) or e.status is None or e.status >= 500:  # answered, but not as an API server should
+            raise KubernetesError(f"Kubernetes API server {host}: answered {e.status} {e.reason} to /version "
+                                  "(credentials refused, or not an API server)") from None
     except (urllib3.exceptions.HTTPError, OSError) as e:
         raise unreachable(host, e) from None
     _, err = _read(api.read_namespace, namespace)
