@@ -152,3 +152,26 @@ def flow_env(tracked, prefect_api, request):
     """Tracking + a Prefect API, and the datasets of the test module's ``FLOW_DOMAINS`` generated."""
     generate(*getattr(request.module, "FLOW_DOMAINS", ("arithmetic",)))
     return prefect_api
+
+
+@pytest.fixture
+def k8s_cluster(tmp_path):
+    """A stand-in Kubernetes cluster on 127.0.0.1 (tests/k8s_standin): API server + controllers + one node.
+
+    Yields a ``StandinCluster``: ``.api_client`` (official client), ``.kubeconfig`` (file for
+    ``load_config()``/KUBECONFIG), ``.create_namespace(name, service_accounts, priority_classes)``,
+    ``.evict(ns, pod)``, ``.kill(ns, pod)``, ``.hold_scheduling(s)``, ``.leftovers(ns)``,
+    ``.wait_for(what, predicate)``, ``.shared_dir`` (a directory every pod sees at the same path,
+    outside the pods' /tmp emptyDirs) and ``.errors`` (controller exceptions; must stay empty).
+    Images: ``temper-workload:latest`` is this checkout at /app with the test venv on PATH.
+    """
+    from tests.conftest import REPO
+    from tests.k8s_standin.cluster import StandinCluster, workload_image
+
+    image = workload_image(REPO, BIN.parent)
+    cluster = StandinCluster(tmp_path / "k8s-standin", {"temper-workload:latest": image})
+    try:
+        yield cluster
+    finally:
+        cluster.stop()
+    assert not cluster.errors, "stand-in controllers raised:\n" + "\n".join(cluster.errors)
