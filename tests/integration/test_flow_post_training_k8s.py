@@ -31,7 +31,7 @@ def _params(backend: str, **kw):
 
 
 @pytest.fixture
-def on_cluster(s3_env, flow_env, k8s_cluster, monkeypatch, tmp_path):
+def on_cluster(temper_home, s3_env, flow_env, k8s_cluster, monkeypatch, tmp_path):
     """The stand-in set up as k8s/base would: namespaces, the workloads' account, priority classes, the S3
     Secret (moto's test credentials), and the options file a flow-run pod reads (TEMPER_K8S_OPTIONS)."""
     import yaml
@@ -122,7 +122,15 @@ def test_post_training_on_the_cluster_equals_the_local_run(on_cluster):
 
 
 def _leftovers(cluster) -> dict:
-    return {ns: cluster.leftovers(ns) for ns in (NS, SANDBOX_NS) if cluster.leftovers(ns)}
+    """What is left in both namespaces once the garbage collector has had its time (Background deletion
+    of a Job removes its pods asynchronously, on a real cluster too)."""
+    def left():
+        return {ns: cluster.leftovers(ns) for ns in (NS, SANDBOX_NS) if cluster.leftovers(ns)}
+    try:
+        cluster.wait_for("no leftover objects", lambda: not left(), timeout=30)
+    except TimeoutError:
+        pass
+    return left()
 
 
 def test_an_image_that_cannot_be_pulled_fails_the_first_training_task_and_leaves_nothing(on_cluster):
