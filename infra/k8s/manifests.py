@@ -117,7 +117,7 @@ def rendezvous_command(spec: JobSpec, opts: KubernetesOptions) -> list[str]:
 
 def _workload_container(spec: JobSpec, opts: KubernetesOptions, extra_env: dict[str, str]) -> k.V1Container:
     env = {"HOME": "/tmp", "TORCH_EXTENSIONS_DIR": "/tmp/torch_extensions", "HF_HOME": "/tmp/hf",
-           "TEMPER_BACKEND": "kubernetes", **spec.env, **extra_env}
+           "TEMPER_BACKEND": "kubernetes", **opts.env, **spec.env, **extra_env}
     env_vars = _env(env)
     if spec.distributed:
         env_vars += [

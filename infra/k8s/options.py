@@ -54,6 +54,9 @@ class KubernetesOptions(BaseModel):
                          "the ZeRO-3 accelerate config (docker/accelerate-zero3-multinode-cpu.yaml) is.")
     accelerate_config: str = Field(default="docker/accelerate-zero3-multinode-cpu.yaml",
                                    description="accelerate config of multi-pod ZeRO-3 training, relative to app_dir.")
+    env: dict[str, str] = Field(default_factory=dict,
+                                description="Extra environment of training/eval pods, e.g. TORCH_EXTENSIONS_DIR on a "
+                                "cache volume so DeepSpeed's CPU comm op is not JIT-compiled in every pod (~1 min).")
     train_resources: Resources = Field(default_factory=lambda: Resources(cpu="1", memory="4Gi", shm_size="1Gi"),
                                        description="Requests/limits of each training pod (one rank per pod).")
     eval_resources: Resources = Field(default_factory=lambda: Resources(cpu="1", memory="4Gi", shm_size="256Mi"),

@@ -34,10 +34,14 @@ def _params(backend: str, **kw):
 def on_cluster(temper_home, s3_env, flow_env, k8s_cluster, monkeypatch, tmp_path):
     """The stand-in set up as k8s/base would: namespaces, the workloads' account, priority classes, the S3
     Secret (moto's test credentials), and the options file a flow-run pod reads (TEMPER_K8S_OPTIONS)."""
+    import shutil
+    from pathlib import Path
+
     import yaml
 
     from infra.k8s.options import KubernetesOptions
     from temper.lifecycle.execution import execution_for
+    from temper.training.deepspeed import torch_extensions_dir
 
     k8s_cluster.create_namespace(NS, service_accounts=("temper-workload",),
                                  priority_classes=("temper-training", "temper-sandbox"))
@@ -46,9 +50,16 @@ def on_cluster(temper_home, s3_env, flow_env, k8s_cluster, monkeypatch, tmp_path
         metadata=k.V1ObjectMeta(name="temper-s3"),
         string_data={"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1"}))
 
+    # DeepSpeed's CPU comm op, compiled once on this machine, on a volume every pod sees (as an image or a
+    # cache volume would carry it): else each pod JIT-compiles it (~1-3 min on 2 busy cores) in its own /tmp.
+    cache = k8s_cluster.shared_dir / "torch_extensions"
+    if Path(torch_extensions_dir()).is_dir():
+        shutil.copytree(torch_extensions_dir(), cache)
+
     def options(**kw) -> None:
         path = tmp_path / "options.yaml"
-        base = dict(poll_interval_s=0.5, unschedulable_after_s=15, sandbox_start_timeout_s=60)
+        base = dict(poll_interval_s=0.5, unschedulable_after_s=15, sandbox_start_timeout_s=60,
+                    env={"TORCH_EXTENSIONS_DIR": str(cache)})
         path.write_text(yaml.safe_dump(KubernetesOptions(**{**base, **kw}).model_dump(mode="json")))
         monkeypatch.setenv("TEMPER_K8S_OPTIONS", str(path))
         execution_for.cache_clear()
