@@ -213,9 +213,26 @@ class KubernetesExecution:
             "resources": self.opts.eval_resources if spec.kind == "eval" else spec.resources})
 
     def run(self, spec: JobSpec, on_line: LineFn, shards: int = 1) -> None:
+        """Run to success; a failed pod's last log lines follow the launcher's one-line reason, as locally."""
+        from infra.k8s.errors import JobFailed
+
         spec = self.for_cluster(spec)
         self.preflight(spec, shards)
-        self.launcher.run(spec, on_log=on_line, shards=shards)
+        tails: dict[str, deque] = {}
+
+        def line(text: str) -> None:
+            if text.startswith("[") and "] " in text:
+                pod, _, rest = text[1:].partition("] ")
+                tails.setdefault(pod, deque(maxlen=40)).append(rest)
+            on_line(text)
+
+        try:
+            self.launcher.run(spec, on_log=line, shards=shards)
+        except JobFailed as e:
+            tail = tails.get(e.pod or "")
+            if not tail:
+                raise
+            raise JobError(f"{e}; last lines of pod {e.pod}:\n" + "\n".join(tail)) from None
 
 
 @lru_cache(maxsize=2)
