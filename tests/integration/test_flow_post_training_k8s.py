@@ -54,7 +54,8 @@ def on_cluster(temper_home, s3_env, flow_env, k8s_cluster, monkeypatch, tmp_path
     # cache volume would carry it): else each pod JIT-compiles it (~1-3 min on 2 busy cores) in its own /tmp.
     cache = k8s_cluster.shared_dir / "torch_extensions"
     if Path(torch_extensions_dir()).is_dir():
-        shutil.copytree(torch_extensions_dir(), cache)
+        # not the FileBaton/ninja locks: a copied lock of a build elsewhere would make every pod wait forever
+        shutil.copytree(torch_extensions_dir(), cache, ignore=shutil.ignore_patterns("lock", ".ninja_lock"))
 
     def options(**kw) -> None:
         path = tmp_path / "options.yaml"
