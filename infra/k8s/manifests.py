@@ -292,7 +292,7 @@ def sandbox_job(spec: JobSpec, opts: KubernetesOptions) -> k.V1Job:
     """A JobSpec of kind 'sandbox' run to completion (batch verification) as a one-pod Job."""
     return k.V1Job(
         api_version="batch/v1", kind="Job",
-        metadata=k.V1ObjectMeta(name=spec.name, namespace=opts.sandbox_namespace, labels=sandbox_labels(spec.name)),
+        metadata=k.V1ObjectMeta(name=spec.name, namespace=opts.sandbox_ns, labels=sandbox_labels(spec.name)),
         spec=k.V1JobSpec(
             completions=1, parallelism=1, backoff_limit=0,
             active_deadline_seconds=int(spec.timeout_s),
@@ -309,7 +309,7 @@ def sandbox_pod(name: str, opts: KubernetesOptions, deadline_s: int, image: str 
     """A long-lived sandbox (idle PID 1; programs arrive by exec), killed at its deadline."""
     return k.V1Pod(
         api_version="v1", kind="Pod",
-        metadata=k.V1ObjectMeta(name=name, namespace=opts.sandbox_namespace, labels=sandbox_labels(name)),
+        metadata=k.V1ObjectMeta(name=name, namespace=opts.sandbox_ns, labels=sandbox_labels(name)),
         spec=sandbox_pod_spec(name, ["sleep", str(int(deadline_s))], opts, deadline_s, image=image),
     )
 

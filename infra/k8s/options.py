@@ -42,9 +42,10 @@ class KubernetesOptions(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     namespace: str = Field(default="temper", description="Namespace of training/eval Jobs and their Services.")
-    sandbox_namespace: str = Field(default="temper-sandbox",
-                                   description="Namespace of sandbox pods: their own, so what workloads may create "
-                                   "there is limited by a Role plus a ValidatingAdmissionPolicy (k8s/base).")
+    sandbox_namespace: str | None = Field(default=None,
+                                          description="Namespace of sandbox pods; empty = `namespace`. k8s/base gives "
+                                          "them their own (temper-sandbox), so what workloads may create there is "
+                                          "limited by a Role plus a ValidatingAdmissionPolicy (k8s/base/sandbox.yaml).")
     service_account: str = Field(default="temper-workload",
                                  description="Service account of training/eval pods: its token may only create "
                                  "restricted sandbox pods in sandbox_namespace (sandbox pods get no token).")
@@ -94,6 +95,11 @@ class KubernetesOptions(BaseModel):
     sandbox_start_timeout_s: float = Field(default=180.0, gt=0,
                                            description="How long creating a sandbox box waits for its pod to run "
                                            "(scheduling + image pull) before giving up and deleting it.")
+
+    @property
+    def sandbox_ns(self) -> str:
+        """Where sandbox pods go: ``sandbox_namespace``, else the jobs' own namespace."""
+        return self.sandbox_namespace or self.namespace
 
 
 def load_yaml_model(path: str | os.PathLike, model: type[M], what: str) -> M:

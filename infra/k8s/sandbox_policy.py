@@ -72,7 +72,7 @@ def admission_policy(opts: KubernetesOptions) -> k.V1ValidatingAdmissionPolicy:
         spec=k.V1ValidatingAdmissionPolicySpec(
             failure_policy="Fail",
             match_constraints=k.V1MatchResources(
-                namespace_selector=_namespace_selector(opts.sandbox_namespace),
+                namespace_selector=_namespace_selector(opts.sandbox_ns),
                 resource_rules=[k.V1NamedRuleWithOperations(api_groups=[""], api_versions=["v1"],
                                                             operations=["CREATE", "UPDATE"], resources=["pods"])]),
             match_conditions=[k.V1MatchCondition(name="workload-service-account",
@@ -88,13 +88,13 @@ def admission_binding(opts: KubernetesOptions) -> k.V1ValidatingAdmissionPolicyB
         metadata=k.V1ObjectMeta(name=POLICY, labels=dict(m.PART_OF)),
         spec=k.V1ValidatingAdmissionPolicyBindingSpec(
             policy_name=POLICY, validation_actions=["Deny"],
-            match_resources=k.V1MatchResources(namespace_selector=_namespace_selector(opts.sandbox_namespace))),
+            match_resources=k.V1MatchResources(namespace_selector=_namespace_selector(opts.sandbox_ns))),
     )
 
 
 def sandbox_objects(opts: KubernetesOptions) -> list[Any]:
     """Namespace, NetworkPolicy, Role + RoleBinding for the workloads, ResourceQuota, admission policy + binding."""
-    ns, meta = opts.sandbox_namespace, dict(m.PART_OF)
+    ns, meta = opts.sandbox_ns, dict(m.PART_OF)
     role = "temper-sandbox-creator"
     return [
         k.V1Namespace(api_version="v1", kind="Namespace", metadata=k.V1ObjectMeta(name=ns, labels={

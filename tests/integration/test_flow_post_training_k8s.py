@@ -59,7 +59,7 @@ def on_cluster(temper_home, s3_env, flow_env, k8s_cluster, monkeypatch, tmp_path
 
     def options(**kw) -> None:
         path = tmp_path / "options.yaml"
-        base = dict(poll_interval_s=0.5, unschedulable_after_s=15, sandbox_start_timeout_s=60,
+        base = dict(sandbox_namespace=SANDBOX_NS, poll_interval_s=0.5, unschedulable_after_s=15, sandbox_start_timeout_s=60,
                     env={"TORCH_EXTENSIONS_DIR": str(cache)})
         path.write_text(yaml.safe_dump(KubernetesOptions(**{**base, **kw}).model_dump(mode="json")))
         monkeypatch.setenv("TEMPER_K8S_OPTIONS", str(path))

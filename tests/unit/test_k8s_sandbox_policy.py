@@ -7,13 +7,14 @@ from __future__ import annotations
 import celpy
 import kubernetes_validate
 import pytest
+import yaml
 
 from infra.k8s import manifests as m
 from infra.k8s.options import KubernetesOptions
 from infra.k8s.sandbox_policy import POLICY, VALIDATIONS, admission_policy, sandbox_objects
 from tests.unit.test_k8s_static import K8S, restricted_violations
 
-OPTS = KubernetesOptions()
+OPTS = KubernetesOptions(sandbox_namespace="temper-sandbox")  # as k8s/base/options-configmap.yaml
 USER = "system:serviceaccount:temper:temper-workload"
 
 
@@ -44,22 +45,30 @@ def test_committed_file_is_what_render_sandbox_writes(tmp_path):
     assert (K8S / "base/sandbox.yaml").read_text() == out.read_text()
 
 
+def test_the_cluster_options_name_the_rendered_sandbox_namespace(tmp_path):
+    from infra.k8s.options import load_options
+
+    cm = yaml.safe_load((K8S / "base/options-configmap.yaml").read_text())
+    (tmp_path / "o.yaml").write_text(cm["data"]["options.yaml"])
+    assert load_options(tmp_path / "o.yaml").sandbox_ns == OPTS.sandbox_ns != OPTS.namespace
+
+
 def test_objects_validate_strictly_and_the_namespace_is_restricted():
     docs = [m.to_dict(o) for o in sandbox_objects(OPTS)]
     for doc in docs:
         kubernetes_validate.validate(doc, "1.33", strict=True)
     ns = next(d for d in docs if d["kind"] == "Namespace")
-    assert ns["metadata"]["name"] == OPTS.sandbox_namespace
+    assert ns["metadata"]["name"] == OPTS.sandbox_ns
     assert ns["metadata"]["labels"]["pod-security.kubernetes.io/enforce"] == "restricted"
     binding = next(d for d in docs if d["kind"] == "ValidatingAdmissionPolicyBinding")
     assert binding["spec"]["policyName"] == POLICY and binding["spec"]["validationActions"] == ["Deny"]
     assert binding["spec"]["matchResources"]["namespaceSelector"]["matchLabels"] == {
-        "kubernetes.io/metadata.name": OPTS.sandbox_namespace}
+        "kubernetes.io/metadata.name": OPTS.sandbox_ns}
 
 
 def test_the_backends_sandbox_pod_passes_every_rule_and_pod_security_restricted():
     pod = sandbox_pod()
-    assert pod["metadata"]["namespace"] == OPTS.sandbox_namespace
+    assert pod["metadata"]["namespace"] == OPTS.sandbox_ns
     assert refused(pod) == []
     assert restricted_violations(pod["spec"]) == []
 
