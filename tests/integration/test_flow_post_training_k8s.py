@@ -18,7 +18,8 @@ from kubernetes import client as k
 
 pytestmark = pytest.mark.slow
 
-FLOW_DOMAINS = ("arithmetic", "multiplication")  # generated into the moto bucket by flow_env (s3_env first)
+# generated into the moto bucket by flow_env (s3_env first); python_functions is verified in sandboxes
+FLOW_DOMAINS = ("arithmetic", "multiplication", "python_functions")
 NS, SANDBOX_NS = "temper", "temper-sandbox"
 
 
@@ -93,6 +94,7 @@ def _stage_timing(flow_run_id, task_name: str) -> tuple[float, float]:
     return (first - run.start_time).total_seconds(), (run.end_time - run.start_time).total_seconds()
 
 
+@pytest.mark.timeout(1800)  # two whole post_training runs (~5 min each on 2 shared cores)
 def test_post_training_on_the_cluster_equals_the_local_run(on_cluster):
     from mlflow.tracking import MlflowClient
 
@@ -131,6 +133,30 @@ def test_post_training_on_the_cluster_equals_the_local_run(on_cluster):
         print(f"\n{stage}: submission->first step kubernetes {k8s_first:.1f}s local {loc_first:.1f}s; "
               f"whole stage kubernetes {k8s_stage:.1f}s local {loc_stage:.1f}s")
     print(f"whole flow: kubernetes {k8s_wall:.0f}s local {local_wall:.0f}s")
+
+
+@pytest.mark.timeout(900)
+def test_sandbox_verified_eval_runs_in_sandbox_pods_and_equals_local(on_cluster):
+    """An eval Job whose verifier (code_tests) makes sandbox pods in temper-sandbox from inside the eval pod,
+    through KubernetesBackend and the pod's own API access; the per-sample rewards equal bubblewrap's here."""
+    from prefect import flow
+
+    from tasks.evaluation import evaluate
+    from tasks.training import prepare_base_model
+    from temper.lifecycle.params import EvalSettings
+
+    @flow
+    def eval_only(backend: str) -> list[dict]:
+        model = prepare_base_model("tiny")
+        return evaluate(model, ["python_functions"], EvalSettings(limit=6, max_new_tokens=24), f"sandboxed-{backend}",
+                        None, backend)
+
+    remote, local = eval_only("kubernetes"), eval_only("local")
+    assert remote == local and remote[0]["n"] == 6, (remote, local)
+    boxes = [p.name for p in (on_cluster.root / "pods").iterdir() if p.name.startswith(f"{SANDBOX_NS}_sandbox-")]
+    assert boxes, "no sandbox pod ran in the sandbox namespace"
+    # the eval pod's pool deleted its boxes when the pod's process exited
+    on_cluster.wait_for("sandbox pods deleted", lambda: not on_cluster.leftovers(SANDBOX_NS), timeout=30)
 
 
 def _leftovers(cluster) -> dict:
