@@ -26,7 +26,7 @@ NS, SANDBOX_NS = "temper", "temper-sandbox"
 def _params(backend: str, **kw):
     from temper.lifecycle.params import EvalSettings, GRPOSettings, PostTrainingParams, SFTStage
 
-    fields = dict(model_name=f"temper-k8s-{backend}", domains=list(FLOW_DOMAINS), sft=SFTStage(max_steps=20),
+    fields = dict(model_name=f"temper-k8s-{backend}", domains=["arithmetic", "multiplication"], sft=SFTStage(max_steps=20),
                   grpo=GRPOSettings(max_steps=4), eval=EvalSettings(limit=16, shards=2), backend=backend, seed=0)
     return PostTrainingParams(**{**fields, **kw})
 
@@ -67,7 +67,11 @@ def on_cluster(temper_home, s3_env, flow_env, k8s_cluster, monkeypatch, tmp_path
         execution_for.cache_clear()
 
     options()
-    monkeypatch.setenv("KUBECONFIG", str(k8s_cluster.kubeconfig))
+    # The stand-in has no in-cluster service-account tokens: pods reach its API through KUBECONFIG (passed on
+    # by the execution backend as a path), so the file lives where every pod sees it, not under a pod's /tmp.
+    kubeconfig = k8s_cluster.shared_dir / "kubeconfig"
+    shutil.copy(k8s_cluster.kubeconfig, kubeconfig)
+    monkeypatch.setenv("KUBECONFIG", str(kubeconfig))
     k8s_cluster.set_options = options
     yield k8s_cluster
     execution_for.cache_clear()
