@@ -60,7 +60,8 @@ def on_cluster(temper_home, s3_env, flow_env, k8s_cluster, monkeypatch, tmp_path
 
     def options(**kw) -> None:
         path = tmp_path / "options.yaml"
-        base = dict(sandbox_namespace=SANDBOX_NS, poll_interval_s=0.5, unschedulable_after_s=15, sandbox_start_timeout_s=60,
+        # sandbox boxes sized so the eval pod's warm pool (4 boxes) fits the stand-in's 4-CPU node next to it
+        base = dict(sandbox_namespace=SANDBOX_NS, sandbox_cpu="250m", sandbox_memory="512Mi", poll_interval_s=0.5, unschedulable_after_s=15, sandbox_start_timeout_s=60,
                     env={"TORCH_EXTENSIONS_DIR": str(cache)})
         path.write_text(yaml.safe_dump(KubernetesOptions(**{**base, **kw}).model_dump(mode="json")))
         monkeypatch.setenv("TEMPER_K8S_OPTIONS", str(path))
