@@ -7,6 +7,7 @@ client's own ``ApiException`` (409 AlreadyExists on create, 404 on read/delete).
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterator
 from typing import Any
 
@@ -34,6 +35,25 @@ def load_config(context: str | None = None) -> None:
             raise KubernetesError(f"no Kubernetes credentials: not in a pod and no usable kubeconfig ({e})") from e
 
 
+def _reachable(method):
+    """A connection failure (no API server there, refused, reset) -> one KubernetesError line naming the server.
+
+    The client raises urllib3's MaxRetryError with a multi-line repr of its connection pool
+    otherwise; a generator method (log streaming) is covered up to its first line.
+    """
+    @functools.wraps(method)
+    def call(self, *args, **kwargs):
+        import urllib3
+
+        try:
+            return method(self, *args, **kwargs)
+        except urllib3.exceptions.HTTPError as e:
+            reason = getattr(e, "reason", None) or e
+            raise KubernetesError(f"cannot reach the Kubernetes API server at {self.api_client.configuration.host}: "
+                                  f"{' '.join(str(reason).split())[-200:]}") from e
+    return call
+
+
 class ClusterApi:
     """Real calls through the official client. Construct after ``load_config()``."""
 
@@ -43,6 +63,7 @@ class ClusterApi:
         self.core = k.CoreV1Api(self.api_client)
         self.net = k.NetworkingV1Api(self.api_client)
 
+    @_reachable
     def create(self, obj: Any) -> Any:
         ns = obj.metadata.namespace
         if isinstance(obj, k.V1Job):
@@ -86,15 +107,19 @@ class ClusterApi:
                   for v in self.core.list_namespaced_service(namespace, label_selector=label_selector).items]
         return found
 
+    @_reachable
     def read_job(self, namespace: str, name: str) -> k.V1Job:
         return self.batch.read_namespaced_job(name, namespace)
 
+    @_reachable
     def read_pod(self, namespace: str, name: str) -> k.V1Pod:
         return self.core.read_namespaced_pod(name, namespace)
 
+    @_reachable
     def list_pods(self, namespace: str, label_selector: str) -> list[k.V1Pod]:
         return list(self.core.list_namespaced_pod(namespace, label_selector=label_selector).items or [])
 
+    @_reachable
     def delete(self, kind: str, namespace: str, name: str) -> None:
         """Delete, cascading to pods; a missing object is not an error (cleanup is idempotent)."""
         body = k.V1DeleteOptions(propagation_policy="Background", grace_period_seconds=None)

@@ -158,29 +158,38 @@ class KubernetesLauncher:
 
     # --- submit -------------------------------------------------------------------------
     def submit(self, objects: list[Any], on_log: LogFn = print) -> Attempt:
-        """Create (or adopt) every object; a refused create deletes what this call created, then raises."""
+        """Create (or adopt) every object; if one cannot be created, delete those this call created."""
         attempt = Attempt(objects=list(objects))
         created: list[Any] = []
-        for obj in objects:
-            name, kind = obj.metadata.name, obj.kind
-            try:
-                self.api.create(obj)
-                created.append(obj)
-                on_log(f"created {kind} {obj.metadata.namespace}/{name}")
-            except ApiException as e:
-                if e.status != 409:
-                    self.cleanup(Attempt(objects=created), on_log)
-                    raise KubernetesError(api_error_line(e, "create", kind, name, obj.metadata.namespace)) from None
-                if kind == "Job":
-                    existing = self.api.read_job(obj.metadata.namespace, name)
-                    owner = (existing.metadata.labels or {}).get(m.JOB_LABEL)
-                    if owner != name:
-                        self.cleanup(Attempt(objects=created), on_log)
-                        raise KubernetesError(f"a Job named {name!r} exists in {obj.metadata.namespace!r} but was not "
-                                              "created by temper (no temper.dev/job label); delete it or rename the run")
-                attempt.adopted.append(name)
-                on_log(f"adopted existing {kind} {obj.metadata.namespace}/{name}")
+        try:
+            for obj in objects:
+                if self._create_or_adopt(obj, attempt, on_log):
+                    created.append(obj)
+        except BaseException:
+            if created:
+                self.cleanup(Attempt(objects=created), on_log)
+            raise
         return attempt
+
+    def _create_or_adopt(self, obj: Any, attempt: Attempt, on_log: LogFn) -> bool:
+        """True if created, False if adopted (409 on a deterministic name)."""
+        name, kind = obj.metadata.name, obj.kind
+        try:
+            self.api.create(obj)
+            on_log(f"created {kind} {obj.metadata.namespace}/{name}")
+            return True
+        except ApiException as e:
+            if e.status != 409:  # one line: RBAC, a missing namespace, a quota, or the server's own words
+                raise KubernetesError(api_error_line(e, "create", kind, name, obj.metadata.namespace)) from None
+        if kind == "Job":
+            existing = self.api.read_job(obj.metadata.namespace, name)
+            owner = (existing.metadata.labels or {}).get(m.JOB_LABEL)
+            if owner != name:
+                raise KubernetesError(f"a Job named {name!r} exists in {obj.metadata.namespace!r} but was not "
+                                      "created by temper (no temper.dev/job label); delete it or rename the run")
+        attempt.adopted.append(name)
+        on_log(f"adopted existing {kind} {obj.metadata.namespace}/{name}")
+        return False
 
     def adopted_failure(self, attempt: Attempt) -> str | None:
         """An adopted Job that already failed (a previous task attempt's, kept for its logs): its name."""

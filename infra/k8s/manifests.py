@@ -98,8 +98,8 @@ def rendezvous_command(spec: JobSpec, opts: KubernetesOptions) -> list[str]:
     if not spec.distributed:
         return list(spec.command)
     program = list(spec.command)
-    if program and program[0] in ("python", "python3"):
-        program = program[1:]  # accelerate launch runs the interpreter itself
+    if program and program[0].rsplit("/", 1)[-1].startswith("python"):
+        program = program[1:]  # accelerate launch runs the interpreter itself (also a full path: sys.executable)
     line = ["accelerate", "launch"]
     if spec.accelerate_config:
         line += ["--config_file", spec.accelerate_config]

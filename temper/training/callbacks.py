@@ -139,11 +139,15 @@ class TemperCallback(TrainerCallback):
         if dist is not None:
             dist.barrier()  # every rank has written its partitions and RNG state
         directory = self.out / f"checkpoint-{state.global_step}"
-        if self.local_main and directory.is_dir():
+        if self.local_main and directory.is_dir():  # one uploader per machine: its ranks' partitions
             sampler = self.sampler_factory()
             sampler.take(state.global_step * self.cfg.prompts_per_step)
             ckpt.write_state(directory, self.cfg, sampler.state_dict(), self.digests, state.global_step)
-            uri = ckpt.sync_to_store(self.cfg, directory, self.settings)
+            ckpt.sync_to_store(self.cfg, directory, self.settings, commit=False)
+        if dist is not None:
+            dist.barrier()  # every machine's partitions are in the store
+        if _rank() == 0 and directory.is_dir():  # one committer per run (see sync_to_store)
+            uri = ckpt.commit_to_store(self.cfg, directory, self.settings)
             print(f"temper: checkpoint step {state.global_step} synced to {uri}", flush=True)
         if dist is not None:
             dist.barrier()

@@ -65,9 +65,16 @@ def latest_checkpoint(cfg: TrainConfig, settings: Settings | None = None) -> Pat
     return target
 
 
-def sync_to_store(cfg: TrainConfig, checkpoint_dir: Path, settings: Settings | None = None) -> str:
-    """Copy one checkpoint folder to the store (state file last, so a half copy is never 'complete'),
-    then delete store checkpoints beyond the newest ``save_total_limit``."""
+def sync_to_store(cfg: TrainConfig, checkpoint_dir: Path, settings: Settings | None = None,
+                  commit: bool = True) -> str:
+    """Copy one checkpoint folder to the store; with ``commit``, then mark it complete (``commit_to_store``).
+
+    On several machines each node's local main uploads the partitions its ranks wrote, all into
+    the same store folder, with ``commit=False``; only after every node has (a barrier) does one
+    process commit. Two nodes committing raced: one pruned the old checkpoint the other was
+    deleting (FileNotFoundError), and a node's state file could mark the checkpoint complete before
+    the other node's partitions were there.
+    """
     uri = store_uri(cfg, settings) + f"/checkpoints/{checkpoint_dir.name}"
     fs, path = get_fs(uri, settings)
     for f in sorted(checkpoint_dir.rglob("*")):
@@ -76,6 +83,16 @@ def sync_to_store(cfg: TrainConfig, checkpoint_dir: Path, settings: Settings | N
             if not uri.startswith("s3://"):
                 fs.makedirs(f"{path}/{rel}".rsplit("/", 1)[0], exist_ok=True)
             fs.put_file(str(f), f"{path}/{rel}")
+    if commit:
+        commit_to_store(cfg, checkpoint_dir, settings)
+    return uri
+
+
+def commit_to_store(cfg: TrainConfig, checkpoint_dir: Path, settings: Settings | None = None) -> str:
+    """The state file last (a half copy is never 'complete'), then delete store checkpoints beyond
+    the newest ``save_total_limit``. One process per run does this, after every upload."""
+    uri = store_uri(cfg, settings) + f"/checkpoints/{checkpoint_dir.name}"
+    fs, path = get_fs(uri, settings)
     fs.put_file(str(checkpoint_dir / STATE_FILE), f"{path}/{STATE_FILE}")
     steps = store_checkpoints(store_uri(cfg, settings), settings)
     for old in steps[:-cfg.stage.save_total_limit]:

@@ -13,7 +13,8 @@ Imitated, because temper's failure messages depend on them:
   is refused (403);
 - ResourceQuota admission: a pod whose requests/limits would push the namespace past a quota's
   ``hard`` amounts (``requests.cpu``, ``requests.memory``, ``limits.cpu``, ``limits.memory``,
-  ``pods``) is refused (403 ``exceeded quota``), counting non-terminal pods like the quota controller.
+  ``pods``, and object counts ``count/<resource>``) is refused (403 ``exceeded quota``), counting
+  non-terminal pods like the quota controller.
 
 Cut: no RBAC/authentication (every request is allowed), no Pod Security admission, no
 ValidatingAdmissionPolicy or webhooks, no LimitRange defaulting.
@@ -100,6 +101,20 @@ def _check_quota(store: Store, namespace: str, pod: dict) -> None:
         if over:
             raise _forbidden(pod, f"exceeded quota: {quota['metadata']['name']}, requested: {','.join(req_s)}, "
                              f"used: {','.join(used_s)}, limited: {','.join(over)}")
+
+
+def check_object_count(store: Store, namespace: str, kind: str, name: str) -> None:
+    """ResourceQuota ``count/<resource>`` (e.g. ``count/jobs.batch``): one more object must fit."""
+    from tests.k8s_standin.store import BY_NAME
+
+    resource = BY_NAME[kind].resource
+    for quota in store.list("ResourceQuota", namespace):
+        limit = (quota.get("spec", {}).get("hard") or {}).get(f"count/{resource}")
+        used = len(store.list(kind, namespace))
+        if limit is not None and used + 1 > float(parse_quantity(limit)):
+            raise ApiError(403, "Forbidden", f'{resource} "{name}" is forbidden: exceeded quota: '
+                           f"{quota['metadata']['name']}, requested: count/{resource}=1, used: count/{resource}={used}, "
+                           f"limited: count/{resource}={limit}", kind, name)
 
 
 def admit_job(job: dict) -> None:

@@ -34,7 +34,9 @@ to 127.0.0.1, because every pod shares this machine's network namespace (like
 Cut, and said where it matters: no cgroups, so resource limits are not enforced (no OOMKilled);
 ``securityContext`` (runAsUser, read-only root, capabilities, seccomp) is not applied; ``emptyDir`` with
 ``medium: Memory`` is a directory on disk; no probes, init containers or sidecars; volumes
-other than emptyDir/configMap/secret fail the pod with CreateContainerConfigError.
+other than emptyDir/configMap/secret fail the pod with CreateContainerConfigError; a deleted pod's
+emptyDirs and logs stay on the node's disk (under the cluster's root, for tests to inspect) where a
+kubelet removes them.
 """
 
 from __future__ import annotations

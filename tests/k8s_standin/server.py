@@ -17,7 +17,8 @@ An eviction adds the ``DisruptionTarget`` condition (reason ``EvictionByEviction
 pod's status, then deletes it gracefully, as the eviction subresource does since 1.26. There
 are no PodDisruptionBudgets, so an eviction is never refused with 429.
 
-Cut: no authentication/authorization, no watch, no ``fieldSelector``, no pagination
+Cut: no authentication/authorization, no watch, ``fieldSelector`` over any path (not only the
+fields the real server indexes), no pagination
 (``limit``/``continue`` are ignored: one page), no discovery beyond ``/version``.
 """
 
@@ -47,6 +48,22 @@ def merge_patch(target, patch):
         else:
             out[key] = merge_patch(out.get(key), val)
     return out
+
+
+def field_match(obj: dict, selector: str | None) -> bool:
+    """``fieldSelector``: ``path=value``/``path==value``/``path!=value`` terms over dotted paths
+    (``metadata.name``, ``status.phase``, ``involvedObject.name``, ``spec.nodeName``). The real
+    server allows only a per-kind list of fields; this one allows any path."""
+    for term in filter(None, (selector or "").split(",")):
+        neg = "!=" in term
+        path, _, want = term.partition("!=" if neg else "=")
+        value = obj
+        for part in path.strip().split("."):
+            value = value.get(part) if isinstance(value, dict) else None
+        got = "" if value is None else str(value)
+        if (got == want.lstrip("=").strip()) == neg:
+            return False
+    return True
 
 
 def success(name: str, kind: Kind, obj: dict | None = None) -> dict:
@@ -122,6 +139,7 @@ class ApiServer:
             if request.query.get("watch") in ("true", "1"):
                 raise ApiError(405, "MethodNotAllowed", "watch is not served by the stand-in (nothing in temper watches)")
             items = self.store.list(kind.kind, ns or None, request.query.get("labelSelector"))
+            items = [o for o in items if field_match(o, request.query.get("fieldSelector"))]
             return web.json_response({"kind": f"{kind.kind}List", "apiVersion": kind.api_version,
                                       "metadata": {"resourceVersion": self.store.resource_version()},
                                       "items": items})
@@ -137,13 +155,16 @@ class ApiServer:
         raise ApiError(405, "MethodNotAllowed", f"{request.method} is not supported on a collection here")
 
     def _admitter(self, kind: str, ns: str):
-        if kind == "Pod":
-            return lambda obj: admission.admit_pod(self.store, ns, obj)
-        if kind == "Job":
-            return admission.admit_job
-        if kind == "Service":
-            return lambda obj: obj.setdefault("spec", {}).setdefault("type", "ClusterIP")
-        return None
+        def admit(obj: dict) -> None:
+            if ns:
+                admission.check_object_count(self.store, ns, kind, obj["metadata"]["name"])
+            if kind == "Pod":
+                admission.admit_pod(self.store, ns, obj)
+            elif kind == "Job":
+                admission.admit_job(obj)
+            elif kind == "Service":
+                obj.setdefault("spec", {}).setdefault("type", "ClusterIP")
+        return admit
 
     # --- items -----------------------------------------------------------------------------------
     async def _item(self, request, kind: Kind, ns: str, name: str):
@@ -204,8 +225,9 @@ class ApiServer:
             obj["metadata"].setdefault("finalizers", []).append("foregroundDeletion")
         obj = self.store.delete(kind.kind, ns, name, None if grace is None else int(grace))
         gone = self.store.find(kind.kind, ns, name) is None
-        # pods and services answer with the deleted object (ReturnDeletedObject), others with a Status
-        return success(name, kind, obj) if gone and kind.kind not in ("Pod", "Service") else obj
+        # these registries answer with the deleted object (ReturnDeletedObject), others with a Status
+        returns_object = ("Pod", "Service", "ResourceQuota", "ServiceAccount")
+        return success(name, kind, obj) if gone and kind.kind not in returns_object else obj
 
     # --- subresources ----------------------------------------------------------------------------
     async def _subresource(self, request, kind: Kind, ns: str, name: str, sub: str):

@@ -48,6 +48,14 @@ def test_training_job_is_gang_indexed_with_rendezvous():
     assert svc["spec"]["clusterIP"] == "None"
 
 
+@pytest.mark.parametrize("python", ["python", "python3", "/opt/venv/bin/python3.11"])
+def test_rendezvous_line_drops_the_interpreter_even_as_a_full_path(python):
+    """training_job() puts sys.executable first; accelerate must get the module, not the interpreter."""
+    line = m.rendezvous_command(_train(command=[python, "-m", "workloads.train", "sft"]), OPTS)
+    assert line[:2] == ["accelerate", "launch"] and line[-3:] == ["--module", "workloads.train", "sft"]
+    assert python not in line
+
+
 def test_sandbox_pod_is_restricted():
     pod = m.to_dict(m.sandbox_pod("sb-1", OPTS, 60))["spec"]
     sc = pod["containers"][0]["securityContext"]
