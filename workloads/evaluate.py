@@ -211,11 +211,16 @@ def main(argv: list[str] | None = None) -> int:
     mine = shard_of(args.domain, index, count)
     out = args.out if "://" in args.out else str(Path(args.out).resolve())
     print(json.dumps({"shard": index, "shards": count, "domains": len(mine)}), flush=True)
-    for result in evaluate_domains(model, mine, args.catalog, args.limit, args.max_new_tokens,
-                                   generator=args.generator):
-        write_bytes_atomic(join(out, f"{result.domain}.json"), json.dumps(result.to_dict()).encode())
-        print(json.dumps({k: v for k, v in result.to_dict().items() if k not in ("rewards", "ids", "samples")}),
-              flush=True)
+    from infra.sandbox.pool import close_shared
+
+    try:
+        for result in evaluate_domains(model, mine, args.catalog, args.limit, args.max_new_tokens,
+                                       generator=args.generator):
+            write_bytes_atomic(join(out, f"{result.domain}.json"), json.dumps(result.to_dict()).encode())
+            print(json.dumps({k: v for k, v in result.to_dict().items() if k not in ("rewards", "ids", "samples")}),
+                  flush=True)
+    finally:
+        close_shared()  # sandbox pods go with the job, not at interpreter exit
     return 0
 
 

@@ -40,6 +40,10 @@ def main(argv: list[str] | None = None) -> int:
     except TemperError as e:
         print(f"temper: error: {e}", file=sys.stderr, flush=True)
         return 1
+    finally:
+        from infra.sandbox.pool import close_shared
+
+        close_shared()  # the reward verifiers' sandbox pods go with the job, not at interpreter exit
     if os.environ.get("RANK", "0") == "0":
         print("\n".join(result_lines(cfg.mode, result)), flush=True)
     return 0

@@ -253,6 +253,15 @@ def shared_pool(profile: str, size: int | None = None) -> SandboxPool:
         return pool
 
 
+def close_shared() -> None:
+    """Close every shared pool now (their boxes, e.g. sandbox pods, are deleted) and the default backend.
+
+    Also registered at exit; a job calls it itself when it ends, because at interpreter exit the
+    HTTP client a Kubernetes box needs to delete its pod may already be gone (seen on the stand-in:
+    an eval pod's sandbox pods outlived it)."""
+    _close_shared()
+
+
 @atexit.register
 def _close_shared() -> None:
     for pool in list(_shared.values()):

@@ -163,7 +163,11 @@ def test_sandbox_verified_eval_runs_in_sandbox_pods_and_equals_local(on_cluster)
     boxes = [p.name for p in (on_cluster.root / "pods").iterdir() if p.name.startswith(f"{SANDBOX_NS}_sandbox-")]
     assert boxes, "no sandbox pod ran in the sandbox namespace"
     # the eval pod's pool deleted its boxes when the pod's process exited
-    on_cluster.wait_for("sandbox pods deleted", lambda: not on_cluster.leftovers(SANDBOX_NS), timeout=30)
+    try:
+        on_cluster.wait_for("sandbox pods deleted", lambda: not on_cluster.leftovers(SANDBOX_NS), timeout=60)
+    except TimeoutError:
+        pods = k.CoreV1Api(on_cluster.api_client).list_namespaced_pod(SANDBOX_NS).items
+        raise AssertionError([(p.metadata.name, p.status.phase, p.metadata.deletion_timestamp) for p in pods]) from None
 
 
 def _leftovers(cluster) -> dict:
