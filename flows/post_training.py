@@ -47,6 +47,9 @@ def _lifecycle_link(run_id: str) -> str:
 def post_training(params: PostTrainingParams = PostTrainingParams()) -> dict:
     logger = get_run_logger()
     run_key = f"pt-{(flow_run.get_id() or 'local')[:8]}"
+    # The one choice of where jobs run (temper.lifecycle.execution): launcher, file locations, sandboxes.
+    params = params.resolved()
+    logger.info("backend: %s", params.backend)
     refs, gated_weights, uncalibrated = calibration_gate(resolve_domains(params.domains), params.mixing_weights)
     for name, reason in uncalibrated.items():
         logger.warning("domain %s %s", name, reason)
@@ -87,8 +90,8 @@ def post_training(params: PostTrainingParams = PostTrainingParams()) -> dict:
 
     # default suite: every validated domain that has held-out data (eval-only ones included)
     suite = [r.name for r in resolve_domains(params.eval.domains)] if params.eval.domains else default_suite
-    before = evaluate.submit(base, suite, params.eval, "base", lifecycle_run_id)
-    after = evaluate.submit(model, suite, params.eval, "candidate", lifecycle_run_id)
+    before = evaluate.submit(base, suite, params.eval, "base", lifecycle_run_id, params.backend)
+    after = evaluate.submit(model, suite, params.eval, "candidate", lifecycle_run_id, params.backend)
     before, after = before.result(), after.result()
 
     champion_version, champion_means = champion(params.model_name, params.promotion.alias)

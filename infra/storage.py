@@ -6,8 +6,11 @@ MinIO or a moto server on loopback.
 
 from __future__ import annotations
 
+import hashlib
+import os
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any, TypeVar
 
 import fsspec
@@ -105,3 +108,22 @@ def put_dir(local_dir: str, uri: str, settings: Settings | None = None) -> None:
         fs.put(local_dir.rstrip("/") + "/", path.rstrip("/") + "/", recursive=True)
     except Exception as e:
         raise StorageError(f"cannot copy {local_dir} to {uri}: {type(e).__name__}: {e}") from None
+
+
+def local_folder(uri: str, settings: Settings | None = None) -> str:
+    """A folder (an HF model) as a local path: local paths as they are, any other URI copied once into
+    ``<home>/cache/folders/<hash of the URI>`` (a write-once location: the flow's exports never change)."""
+
+    if "://" not in uri or uri.startswith("file://"):
+        return uri.removeprefix("file://")
+    settings = settings or get_settings()
+    target = settings.home.resolve() / "cache" / "folders" / hashlib.sha256(uri.encode()).hexdigest()[:16]
+    if not target.is_dir():
+        fs, path = get_fs(uri, settings)
+        tmp = target.with_suffix(f".partial-{os.getpid()}")
+        try:
+            fs.get(path.rstrip("/") + "/", str(tmp) + "/", recursive=True)
+        except Exception as e:
+            raise StorageError(f"cannot copy {uri} here: {type(e).__name__}: {e}") from None
+        Path(tmp).rename(target)
+    return str(target)

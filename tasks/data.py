@@ -88,7 +88,11 @@ def calibration_gate(refs: list[DomainRef], mixing_weights: dict[str, float] | N
     No MLflow call at all when no selected domain is judge-scored.
     """
     # lazy: sklearn+scipy (1.5 s), via calibration, would load whenever flows.evaluate is imported
-    from temper.judges.calibration import CalibrationPolicy, apply_calibration_gate, calibration_status
+    from temper.judges.calibration import (
+        CalibrationPolicy,
+        apply_calibration_gate,
+        calibration_status,
+    )
 
     requested = dict(mixing_weights or {})
     catalog = load_catalog(catalog_dir or get_settings().catalog_dir)

@@ -4,20 +4,19 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import sys
-import tempfile
-from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
+import uuid
 
 from prefect import get_run_logger, task
 
 from infra import lineage
 from infra.jobspec import JobSpec
-from infra.launcher_local import run_job
+from infra.k8s.options import job_name
+from infra.storage import get_fs, join
 from temper.core.errors import TemperError
 from temper.core.settings import get_settings
 from temper.lifecycle.evaluation import record_eval, summary
+from temper.lifecycle.execution import execution_for
 from temper.lifecycle.params import EvalSettings
 from temper.registry.model_store import hf_folder
 from temper.registry.store import client, version_of
@@ -27,34 +26,33 @@ from temper.registry.versions import resolve_version
 
 @task(retries=1, retry_delay_seconds=5, task_run_name="eval-{label}")
 def evaluate(model_dir: str, domains: list[str], settings: EvalSettings, label: str,
-             parent_run_id: str | None = None) -> list[dict]:
+             parent_run_id: str | None = None, backend: str | None = None) -> list[dict]:
     """Mean reward, pass rate and n of ``model_dir`` on each domain, one MLflow eval run per domain.
 
     The domains go to ``settings.shards`` eval processes (locally) or Jobs (Kubernetes) at once,
-    each loading the model once and taking every shards-th domain (``workloads.evaluate``).
+    each loading the model once and taking every shards-th domain (``workloads.evaluate``); each
+    writes ``<domain>.json`` where the execution backend says (a local folder, or the store), and
+    the results are read back from there the same way for either.
     """
     logger = get_run_logger()
-    out = Path(tempfile.mkdtemp(prefix="temper-eval-"))
+    execution = execution_for(backend or get_settings().backend)
     shards = max(1, min(settings.shards, len(domains)))
-    base = re.sub(r"[^a-z0-9-]", "-", f"eval-{label}".lower())[:44].strip("-")
-    command = [sys.executable, "-m", "workloads.evaluate", "--model", model_dir, "--limit", str(settings.limit),
-               "--max-new-tokens", str(settings.max_new_tokens), "--out", str(out)]
+    name = job_name(parent_run_id or uuid.uuid4().hex, f"eval-{label}", max_len=44)
+    out = execution.eval_out(name)
+    command = [sys.executable, "-m", "workloads.evaluate", "--model", execution.share(model_dir), "--limit",
+               str(settings.limit), "--max-new-tokens", str(settings.max_new_tokens), "--out", out]
     command += [a for d in domains for a in ("--domain", d)]
     command += ["--generator", "rollout"] if os.environ.get("TEMPER_ROLLOUT_BACKEND") else []
-    specs = [JobSpec(name=f"{base}-s{i}" if shards > 1 else base, kind="eval", timeout_s=3600, command=command,
-                     env={"OMP_NUM_THREADS": "1", "TEMPER_SHARD_INDEX": str(i), "TEMPER_NUM_SHARDS": str(shards)})
-             for i in range(shards)]
-    logs: list[list[str]] = [[] for _ in specs]
-    with ThreadPoolExecutor(len(specs)) as pool:
-        statuses = list(pool.map(lambda i: run_job(specs[i], on_line=logs[i].append), range(len(specs))))
-    missing = [d for d in domains if not (out / f"{d}.json").exists()]
-    if any(statuses) or missing:
-        bad = next((i for i, st in enumerate(statuses) if st), 0)
-        raise TemperError(f"eval job {specs[bad].name} failed with exit status {statuses[bad]} "
-                          f"({len(missing)} domain(s) without a result):\n" + "\n".join(logs[bad][-30:]))
+    spec = JobSpec(name=name, kind="eval", timeout_s=3600, command=command, env={"OMP_NUM_THREADS": "1"})
+    execution.run(spec, lambda line: logger.debug("[eval-%s] %s", label, line), shards=shards)
+    fs, root = get_fs(out)
+    missing = [d for d in domains if not fs.exists(join(root, f"{d}.json"))]
+    if missing:
+        raise TemperError(f"eval job {name} succeeded but {len(missing)} domain(s) have no result in {out}: "
+                          + ", ".join(missing[:10]))
     results = []
     for domain in domains:
-        result = json.loads((out / f"{domain}.json").read_text())
+        result = json.loads(fs.cat_file(join(root, f"{domain}.json")))
         logger.info("%s on %s: mean reward %.3f, pass rate %.3f (n=%d)", label, domain, result["mean_reward"],
                     result["pass_rate"], result["n"])
         if parent_run_id:

@@ -9,6 +9,7 @@ from prefect.runtime import flow_run
 
 from data_contracts.runner import DomainReport
 from infra import lineage
+from infra.storage import local_folder
 from temper.core.errors import TemperError
 from temper.core.settings import get_settings
 from temper.data.catalog import load_catalog
@@ -17,7 +18,13 @@ from temper.data.validation import log_validated_datasets
 from temper.lifecycle.params import PostTrainingParams
 from temper.lifecycle.report import post_training_markdown, run_link
 from temper.registry.gate import GateDecision, PromotionPolicy, decide
-from temper.registry.model_store import DEFAULT_EXAMPLE, EvalMetrics, LoggedModel, log_hf_model, reusable_logged_model
+from temper.registry.model_store import (
+    DEFAULT_EXAMPLE,
+    EvalMetrics,
+    LoggedModel,
+    log_hf_model,
+    reusable_logged_model,
+)
 from temper.registry.registration import (
     champion_metrics,
     champion_samples,
@@ -156,6 +163,7 @@ def _log_model(params: PostTrainingParams, model_dir: str, parent_run_id: str, e
     # lazy: mlflow (1.6 s) would load whenever flows.post_training is imported
     import mlflow
 
+    model_dir = local_folder(model_dir)  # a store URI when the model was trained on a cluster
     run_id = lineage.open_run("post_training", "register", parent_run_id=parent_run_id,
                               tags={lineage.TAG_KIND: "stage", lineage.TAG_STAGE: "register",
                                     lineage.TAG_BASE_MODEL: params.base_model, lineage.TAG_CONFIG_HASH: config_hash})

@@ -6,19 +6,17 @@ checkpoints in the store and resumes from them instead of starting over.
 
 from __future__ import annotations
 
-from collections import deque
 from pathlib import Path
 
-import yaml
 from prefect import get_run_logger, task
 
-from infra.launcher_local import job_error, run_job
+from infra.storage import exists, join
 from temper.core.errors import TemperError
 from temper.core.settings import get_settings
 from temper.data.catalog import load_catalog, refuse_eval_only, select_domains
+from temper.lifecycle.execution import execution_for
 from temper.lifecycle.params import PostTrainingParams
 from temper.training.config import SFTSettings, TrainConfig
-from temper.training.job import training_job
 from temper.training.progress import is_progress
 from temper.training.tiny import init_tiny
 
@@ -62,32 +60,22 @@ def refuse_eval_only_domains(patterns: list[str]) -> None:
 @task(retries=1, retry_delay_seconds=5, task_run_name="train-{stage}")
 def train_stage(stage: str, params: PostTrainingParams, base_model: str, run_key: str, parent_run_id: str,
                 mixing_weights: dict[str, float] | None = None, validated_digests: dict[str, str] | None = None) -> str:
-    """Run one training job to completion; returns the exported HF model folder."""
+    """Run one training job to completion on the run's execution backend; returns where the exported model is
+    (a local folder, or a store URI when the pods cannot see this machine)."""
     refuse_eval_only_domains(params.domains)
-    if params.backend == "kubernetes":
-        raise TemperError("backend 'kubernetes' for training: submit through infra.k8s (see docs/kubernetes.md)")
     logger = get_run_logger()
+    execution = execution_for(params.backend or get_settings().backend)
     workdir = (get_settings().home / "runs" / run_key).resolve()
-    workdir.mkdir(parents=True, exist_ok=True)
-    config_path = workdir / f"{stage}.yaml"
-    cfg = stage_config(stage, params, base_model, run_key, workdir, mixing_weights, validated_digests)
-    config_path.write_text(yaml.safe_dump(cfg.to_yaml_dict(), sort_keys=False))
-    spec = training_job(str(config_path), stage)
-    spec.env["TEMPER_PARENT_RUN_ID"] = parent_run_id
-    tail: deque[str] = deque(maxlen=40)
+    cfg = stage_config(stage, params, execution.share(base_model), run_key, workdir, mixing_weights,
+                       validated_digests)
+    spec, model = execution.training_job(cfg, parent_run_id)
+    logger.info("%s: job %s on %s (%d rank(s))", stage, spec.name, execution.name, cfg.world_size)
 
-    errors: list[str] = []  # the workload's own error line, kept apart: torchrun's traceback follows it
+    def on_line(line: str) -> None:  # pod lines come as "[pod] text"; the launcher's own lines have no prefix
+        text = line.split("] ", 1)[1] if line.startswith("[") and "] " in line else line
+        (logger.info if is_progress(text) or text is line else logger.debug)("[%s] %s", stage, line)
 
-    def on_line(line: str) -> None:
-        tail.append(line)
-        if job_error([line]):
-            errors.append(line)
-        (logger.info if is_progress(line) else logger.debug)("[%s] %s", stage, line)
-
-    status = run_job(spec, on_line=on_line)
-    model_dir = workdir / stage / "model"
-    if status != 0 or not (model_dir / "config.json").exists():
-        if reason := job_error(errors):
-            raise TemperError(f"{stage} job {spec.name} failed: {reason}")
-        raise TemperError(f"{stage} job {spec.name} failed with exit status {status}; last lines:\n" + "\n".join(tail))
-    return str(model_dir)
+    execution.run(spec, on_line)
+    if not exists(join(model, "config.json")):
+        raise TemperError(f"{stage} job {spec.name} succeeded but left no exported model at {model}")
+    return model

@@ -26,7 +26,8 @@ from typing import Any, TextIO
 
 from tqdm import tqdm
 
-from infra.storage import join, write_bytes_atomic
+from infra.sandbox.pool import close_shared
+from infra.storage import join, local_folder, write_bytes_atomic
 from temper.core.settings import get_settings
 from temper.data.catalog import load_catalog, select_domains
 from temper.data.datasets import load_dataset
@@ -224,17 +225,21 @@ def main(argv: list[str] | None = None) -> int:
                     help="local: transformers generate here; rollout: the rollout backend (TEMPER_ROLLOUT_*)")
     ap.add_argument("--out", required=True, help="directory (local path or fsspec URI) for <domain>.json results")
     args = ap.parse_args(argv)
+    model = local_folder(args.model)  # a store URI when the model was trained on a cluster
     index, count = int(os.environ.get("TEMPER_SHARD_INDEX", "0")), int(os.environ.get("TEMPER_NUM_SHARDS", "1"))
     mine = shard_of(args.domain, index, count)
     out = args.out if "://" in args.out else str(Path(args.out).resolve())
     print(json.dumps({"shard": index, "shards": count, "domains": len(mine)}), flush=True)
-    results = evaluate_domains(args.model, mine, args.catalog, args.limit, args.max_new_tokens, generator=args.generator)
-    for result in with_progress(results, len(mine)):
-        write_bytes_atomic(join(out, f"{result.domain}.json"), json.dumps(result.to_dict()).encode())
-        # tqdm.write: the line goes above the bar (when there is one), not through it
-        tqdm.write(json.dumps({k: v for k, v in result.to_dict().items() if k not in ("rewards", "ids", "samples")}),
-                   file=sys.stdout)
-        sys.stdout.flush()
+    try:
+        results = evaluate_domains(model, mine, args.catalog, args.limit, args.max_new_tokens, generator=args.generator)
+        for result in with_progress(results, len(mine)):
+            write_bytes_atomic(join(out, f"{result.domain}.json"), json.dumps(result.to_dict()).encode())
+            # tqdm.write: the line goes above the bar (when there is one), not through it
+            tqdm.write(json.dumps({k: v for k, v in result.to_dict().items() if k not in ("rewards", "ids", "samples")}),
+                       file=sys.stdout)
+            sys.stdout.flush()
+    finally:
+        close_shared()  # sandbox pods go with the job, not at interpreter exit
     return 0
 
 

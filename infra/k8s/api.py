@@ -8,6 +8,7 @@ client's own ``ApiException`` (409 AlreadyExists on create, 404 on read/delete).
 from __future__ import annotations
 
 import functools
+import os
 from collections.abc import Iterator
 from typing import Any
 
@@ -23,12 +24,15 @@ from infra.k8s.errors import KubernetesError
 
 
 def load_config(context: str | None = None) -> None:
-    """In-cluster config when running in a pod (the Prefect worker), else ~/.kube/config."""
+    """In-cluster config when running in a pod (the Prefect worker), else $KUBECONFIG or ~/.kube/config.
+
+    $KUBECONFIG is read now, not when the client was imported (its default location is fixed then).
+    """
     try:
         config.load_incluster_config()
     except config.ConfigException:
         try:
-            config.load_kube_config(context=context)
+            config.load_kube_config(config_file=os.environ.get("KUBECONFIG") or None, context=context)
         except (config.ConfigException, FileNotFoundError) as e:
             raise KubernetesError(f"no Kubernetes credentials: not in a pod and no usable kubeconfig ({e})") from e
 
@@ -71,6 +75,37 @@ class ClusterApi:
         if isinstance(obj, k.V1NetworkPolicy):
             return self.net.create_namespaced_network_policy(ns, obj)
         raise TypeError(f"cannot create {type(obj).__name__}")
+
+    # --- preflight reads (infra.k8s.preflight) --------------------------------------------
+    def version(self) -> str:
+        """The server's version: the cheapest call that proves the API server answers."""
+        info = k.VersionApi(self.api_client).get_code()
+        return f"{info.major}.{info.minor}"
+
+    def can_i(self, verb: str, resource: str, namespace: str, group: str = "", subresource: str | None = None) -> tuple[bool, str]:
+        """SelfSubjectAccessReview: may this identity do it? (allowed, the authorizer's reason)."""
+        review = k.V1SelfSubjectAccessReview(spec=k.V1SelfSubjectAccessReviewSpec(
+            resource_attributes=k.V1ResourceAttributes(verb=verb, resource=resource, namespace=namespace, group=group,
+                                                       subresource=subresource)))
+        status = k.AuthorizationV1Api(self.api_client).create_self_subject_access_review(review).status
+        return bool(status.allowed), status.reason or status.evaluation_error or ""
+
+    def read_namespace(self, name: str) -> k.V1Namespace:
+        return self.core.read_namespace(name)
+
+    def read_service_account(self, namespace: str, name: str) -> k.V1ServiceAccount:
+        return self.core.read_namespaced_service_account(name, namespace)
+
+    def list_resource_quotas(self, namespace: str) -> list[k.V1ResourceQuota]:
+        return list(self.core.list_namespaced_resource_quota(namespace).items or [])
+
+    def list_objects(self, namespace: str, label_selector: str) -> list[tuple[str, str]]:
+        """(kind, name) of the Jobs, pods and Services carrying ``label_selector``: what cleanup must leave empty."""
+        found = [("Job", j.metadata.name) for j in self.batch.list_namespaced_job(namespace, label_selector=label_selector).items]
+        found += [("Pod", p.metadata.name) for p in self.core.list_namespaced_pod(namespace, label_selector=label_selector).items]
+        found += [("Service", v.metadata.name)
+                  for v in self.core.list_namespaced_service(namespace, label_selector=label_selector).items]
+        return found
 
     @_reachable
     def read_job(self, namespace: str, name: str) -> k.V1Job:

@@ -33,6 +33,7 @@ from infra.jobspec import JobSpec
 from infra.k8s import manifests as m
 from infra.k8s.errors import JobFailed, KubernetesError
 from infra.k8s.options import KubernetesOptions
+from infra.k8s.preflight import api_error_line
 
 LogFn = Callable[[str], None]
 FAIL_FAST_WAITING = {
@@ -178,10 +179,8 @@ class KubernetesLauncher:
             on_log(f"created {kind} {obj.metadata.namespace}/{name}")
             return True
         except ApiException as e:
-            if e.status != 409:
-                message = " ".join(str(e.body or "").split())[:300]
-                raise KubernetesError(f"creating {kind} {name!r} in namespace {obj.metadata.namespace!r} "
-                                      f"failed: {e.status} {e.reason}: {message}") from e
+            if e.status != 409:  # one line: RBAC, a missing namespace, a quota, or the server's own words
+                raise KubernetesError(api_error_line(e, "create", kind, name, obj.metadata.namespace)) from None
         if kind == "Job":
             existing = self.api.read_job(obj.metadata.namespace, name)
             owner = (existing.metadata.labels or {}).get(m.JOB_LABEL)
@@ -191,6 +190,14 @@ class KubernetesLauncher:
         attempt.adopted.append(name)
         on_log(f"adopted existing {kind} {obj.metadata.namespace}/{name}")
         return False
+
+    def adopted_failure(self, attempt: Attempt) -> str | None:
+        """An adopted Job that already failed (a previous task attempt's, kept for its logs): its name."""
+        for job in attempt.jobs:
+            if job.metadata.name in attempt.adopted and _condition(self.api.read_job(job.metadata.namespace,
+                                                                                     job.metadata.name), "Failed"):
+                return job.metadata.name
+        return None
 
     # --- watch --------------------------------------------------------------------------
     def watch(self, attempt: Attempt, on_log: LogFn = print, cancel: threading.Event | None = None,
@@ -268,18 +275,31 @@ class KubernetesLauncher:
     # --- the whole run ------------------------------------------------------------------
     def run(self, spec: JobSpec, on_log: LogFn = print, shards: int = 1,
             cancel: threading.Event | None = None) -> str:
-        """Run to success and return the name of the Job attempt that succeeded."""
+        """Run to success and return the name of the Job attempt that succeeded.
+
+        Attempt names are ``<name>``, ``<name>-r1``, ...: a retried Prefect task adopts the Job its
+        previous attempt left running; one that already failed (kept for its logs) is skipped, and
+        the next name is a fresh attempt that resumes from the newest checkpoint in the store.
+        """
         limits = f"memory={spec.resources.memory}" if spec.kind != "sandbox" else f"memory={self.opts.sandbox_memory}"
-        attempts = spec.retries + 1 if spec.kind == "train" else 1  # eval shards retry via backoffLimit
-        for n in range(attempts):
+        budget = spec.retries + 1 if spec.kind == "train" else 1  # eval shards retry via backoffLimit
+        n, tried = 0, 0
+        while True:
             objects = m.objects_for(spec, self.opts, shards=shards, attempt=n)
             attempt = self.submit(objects, on_log)
+            stale = self.adopted_failure(attempt) if attempt.adopted else None
+            if stale is not None and spec.kind == "train":
+                on_log(f"job {stale} failed in an earlier attempt; starting {m.attempt_name(spec.name, n + 1)}")
+                self._delete_services(attempt)
+                n += 1
+                continue
+            tried += 1
             try:
                 self.watch(attempt, on_log, cancel, limits)
                 return objects[-1].metadata.name
             except JobFailed as e:
-                if e.reason == "Cancelled" or not e.retriable or n == attempts - 1:
+                if e.reason == "Cancelled" or not e.retriable or tried >= budget:
                     raise
                 on_log(f"attempt {n} failed ({e}); retrying as {m.attempt_name(spec.name, n + 1)}, "
                        "resuming from the latest checkpoint")
-        raise AssertionError("unreachable")
+                n += 1

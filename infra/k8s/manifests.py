@@ -117,7 +117,7 @@ def rendezvous_command(spec: JobSpec, opts: KubernetesOptions) -> list[str]:
 
 def _workload_container(spec: JobSpec, opts: KubernetesOptions, extra_env: dict[str, str]) -> k.V1Container:
     env = {"HOME": "/tmp", "TORCH_EXTENSIONS_DIR": "/tmp/torch_extensions", "HF_HOME": "/tmp/hf",
-           "TEMPER_BACKEND": "kubernetes", **spec.env, **extra_env}
+           "TEMPER_BACKEND": "kubernetes", **opts.env, **spec.env, **extra_env}
     env_vars = _env(env)
     if spec.distributed:
         env_vars += [
@@ -149,7 +149,9 @@ def _workload_pod(spec: JobSpec, opts: KubernetesOptions, extra_env: dict[str, s
         containers=[_workload_container(spec, opts, extra_env)],
         restart_policy="Never",
         service_account_name=opts.service_account,
-        automount_service_account_token=False,  # workloads talk to S3/MLflow, never to the API server
+        # The token lets a workload's verifiers create sandbox pods, and nothing else: its Role lives only in
+        # the sandbox namespace, and an admission policy there admits only restricted, labelled sandbox pods.
+        automount_service_account_token=True,
         subdomain=service_name(spec) if spec.distributed else None,
         node_selector=opts.node_selector or None,
         tolerations=_tolerations(opts),
@@ -290,7 +292,7 @@ def sandbox_job(spec: JobSpec, opts: KubernetesOptions) -> k.V1Job:
     """A JobSpec of kind 'sandbox' run to completion (batch verification) as a one-pod Job."""
     return k.V1Job(
         api_version="batch/v1", kind="Job",
-        metadata=k.V1ObjectMeta(name=spec.name, namespace=opts.namespace, labels=sandbox_labels(spec.name)),
+        metadata=k.V1ObjectMeta(name=spec.name, namespace=opts.sandbox_ns, labels=sandbox_labels(spec.name)),
         spec=k.V1JobSpec(
             completions=1, parallelism=1, backoff_limit=0,
             active_deadline_seconds=int(spec.timeout_s),
@@ -307,7 +309,7 @@ def sandbox_pod(name: str, opts: KubernetesOptions, deadline_s: int, image: str 
     """A long-lived sandbox (idle PID 1; programs arrive by exec), killed at its deadline."""
     return k.V1Pod(
         api_version="v1", kind="Pod",
-        metadata=k.V1ObjectMeta(name=name, namespace=opts.namespace, labels=sandbox_labels(name)),
+        metadata=k.V1ObjectMeta(name=name, namespace=opts.sandbox_ns, labels=sandbox_labels(name)),
         spec=sandbox_pod_spec(name, ["sleep", str(int(deadline_s))], opts, deadline_s, image=image),
     )
 

@@ -19,9 +19,11 @@ from typing import TypeVar
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from infra.jobspec import Resources
 from infra.k8s.errors import KubernetesError
 
 OPTIONS_ENV = "TEMPER_K8S_OPTIONS"
+OPTIONS_JSON_ENV = "TEMPER_K8S_OPTIONS_JSON"  # the flow hands its options to the pods it starts, inline
 M = TypeVar("M", bound=BaseModel)
 
 
@@ -39,9 +41,27 @@ class KubernetesOptions(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    namespace: str = Field(default="temper", description="Namespace every object is created in.")
+    namespace: str = Field(default="temper", description="Namespace of training/eval Jobs and their Services.")
+    sandbox_namespace: str | None = Field(default=None,
+                                          description="Namespace of sandbox pods; empty = `namespace`. k8s/base gives "
+                                          "them their own (temper-sandbox), so what workloads may create there is "
+                                          "limited by a Role plus a ValidatingAdmissionPolicy (k8s/base/sandbox.yaml).")
     service_account: str = Field(default="temper-workload",
-                                 description="Service account of training/eval pods (sandbox pods get no token).")
+                                 description="Service account of training/eval pods: its token may only create "
+                                 "restricted sandbox pods in sandbox_namespace (sandbox pods get no token).")
+    image: str = Field(default="temper-workload:latest",
+                       description="Image of the training/eval pods the flow starts (docker/Dockerfile).")
+    app_dir: str = Field(default="/app", description="The temper checkout inside that image (its WORKDIR): where "
+                         "the ZeRO-3 accelerate config (docker/accelerate-zero3-multinode-cpu.yaml) is.")
+    accelerate_config: str = Field(default="docker/accelerate-zero3-multinode-cpu.yaml",
+                                   description="accelerate config of multi-pod ZeRO-3 training, relative to app_dir.")
+    env: dict[str, str] = Field(default_factory=dict,
+                                description="Extra environment of training/eval pods, e.g. TORCH_EXTENSIONS_DIR on a "
+                                "cache volume so DeepSpeed's CPU comm op is not JIT-compiled in every pod (~1 min).")
+    train_resources: Resources = Field(default_factory=lambda: Resources(cpu="1", memory="4Gi", shm_size="1Gi"),
+                                       description="Requests/limits of each training pod (one rank per pod).")
+    eval_resources: Resources = Field(default_factory=lambda: Resources(cpu="1", memory="4Gi", shm_size="256Mi"),
+                                      description="Requests/limits of each eval shard's pod.")
     node_selector: dict[str, str] = Field(default_factory=dict,
                                           description="Node labels training/eval pods must match, e.g. GPU type.")
     tolerations: list[Toleration] = Field(default_factory=list,
@@ -76,6 +96,11 @@ class KubernetesOptions(BaseModel):
                                            description="How long creating a sandbox box waits for its pod to run "
                                            "(scheduling + image pull) before giving up and deleting it.")
 
+    @property
+    def sandbox_ns(self) -> str:
+        """Where sandbox pods go: ``sandbox_namespace``, else the jobs' own namespace."""
+        return self.sandbox_namespace or self.namespace
+
 
 def load_yaml_model(path: str | os.PathLike, model: type[M], what: str) -> M:
     """Read a YAML file into ``model``; KubernetesError naming the file and every bad field."""
@@ -101,9 +126,17 @@ def load_options(path: str | os.PathLike) -> KubernetesOptions:
 
 
 def options_from_env(environ: Mapping[str, str] | None = None) -> KubernetesOptions:
-    """Options from the file ``TEMPER_K8S_OPTIONS`` names (flow-run pods), else the defaults."""
-    path = (os.environ if environ is None else environ).get(OPTIONS_ENV)
-    return load_options(path) if path else KubernetesOptions()
+    """Options from the file ``TEMPER_K8S_OPTIONS`` names (flow-run pods), else inline JSON in
+    ``TEMPER_K8S_OPTIONS_JSON`` (the training/eval pods a flow starts), else the defaults."""
+    env = os.environ if environ is None else environ
+    if env.get(OPTIONS_ENV):
+        return load_options(env[OPTIONS_ENV])
+    if env.get(OPTIONS_JSON_ENV):
+        try:
+            return KubernetesOptions.model_validate_json(env[OPTIONS_JSON_ENV])
+        except ValidationError as e:
+            raise KubernetesError(f"{OPTIONS_JSON_ENV}: {e.errors()[0]['loc']}: {e.errors()[0]['msg']}") from None
+    return KubernetesOptions()
 
 
 _LABEL_BAD = re.compile(r"[^a-z0-9-]+")

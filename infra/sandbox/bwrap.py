@@ -30,8 +30,15 @@ import weakref
 from collections.abc import Mapping
 from pathlib import Path
 
-from infra.sandbox.api import Limits, Profile, Result, SandboxError, ro_mount, safe_relpath
 from infra.sandbox import seccomp
+from infra.sandbox.api import (
+    Limits,
+    Profile,
+    Result,
+    SandboxError,
+    ro_mount,
+    safe_relpath,
+)
 from infra.sandbox.cgroups import BoxCgroup, Cgroups
 from infra.sandbox.forkserver import ForkServer, can_serve
 from infra.sandbox.process import spawn, supervise

@@ -41,7 +41,14 @@ from infra.k8s import sandbox_exec
 from infra.k8s.errors import KubernetesError
 from infra.k8s.launcher import FAIL_FAST_WAITING
 from infra.k8s.options import KubernetesOptions
-from infra.sandbox.api import Limits, Outcome, Profile, Result, SandboxError, safe_relpath
+from infra.sandbox.api import (
+    Limits,
+    Outcome,
+    Profile,
+    Result,
+    SandboxError,
+    safe_relpath,
+)
 from infra.sandbox.bwrap import BASE_ENV
 from infra.sandbox.process import classify
 
@@ -155,7 +162,7 @@ def pod_state(pod: k.V1Pod) -> tuple[str, str]:
 
 @dataclass
 class KubernetesBackend:
-    """Makes sandbox pods in ``opts.namespace``. ``api`` is a ``ClusterApi`` (after ``load_config``)."""
+    """Makes sandbox pods in ``opts.sandbox_ns``. ``api`` is a ``ClusterApi`` (after ``load_config``)."""
 
     api: SandboxApi
     opts: KubernetesOptions = field(default_factory=KubernetesOptions)
@@ -170,7 +177,7 @@ class KubernetesBackend:
     def create_box(self, profile: Profile) -> "KubernetesBox":
         pod_name = f"sandbox-{uuid.uuid4().hex[:12]}"
         pod = m.sandbox_pod(pod_name, self.opts, self.opts.sandbox_lifetime_s, image=self.image)
-        ns = self.opts.namespace
+        ns = self.opts.sandbox_ns
         try:
             self.api.create(pod)
         except ApiException as e:
@@ -184,7 +191,7 @@ class KubernetesBackend:
         return KubernetesBox(self, profile, pod_name, started=self.clock())
 
     def _wait_running(self, pod_name: str) -> None:
-        ns, deadline = self.opts.namespace, self.clock() + self.opts.sandbox_start_timeout_s
+        ns, deadline = self.opts.sandbox_ns, self.clock() + self.opts.sandbox_start_timeout_s
         while True:
             try:
                 state, why = pod_state(self.api.read_pod(ns, pod_name))
@@ -203,7 +210,7 @@ class KubernetesBackend:
     def _delete(self, pod_name: str) -> None:
         """Best effort: a pod that cannot be deleted now still dies at its activeDeadlineSeconds."""
         try:
-            self.api.delete("Pod", self.opts.namespace, pod_name)
+            self.api.delete("Pod", self.opts.sandbox_ns, pod_name)
         except EXEC_ERRORS:
             pass
 
@@ -224,7 +231,7 @@ class KubernetesBox:
         b = self.backend
         nonce = secrets.token_hex(16)
         argv = [b.layout.python, "-I", "-c", EXECUTOR_SOURCE]
-        code, out, err = b.api.exec(b.opts.namespace, self.pod, m.MAIN_CONTAINER, argv,
+        code, out, err = b.api.exec(b.opts.sandbox_ns, self.pod, m.MAIN_CONTAINER, argv,
                                     frame(op, nonce, b.layout, payload, **fields), timeout_s)
         program_err, trailer = split_trailer(err, nonce)
         return ExecReport(out, program_err, trailer, code)
@@ -272,7 +279,7 @@ class KubernetesBox:
         verdict: Outcome = "error"
         why = "the exec timed out" if report.exit_code is None else f"the executor exited {report.exit_code}"
         try:
-            cs = _main_status(self.backend.api.read_pod(self.backend.opts.namespace, self.pod))
+            cs = _main_status(self.backend.api.read_pod(self.backend.opts.sandbox_ns, self.pod))
         except ApiException:
             cs = None
         term = cs and ((cs.state and cs.state.terminated) or (cs.last_state and cs.last_state.terminated))
@@ -300,7 +307,7 @@ class KubernetesBox:
         if b.clock() - self.started > b.opts.sandbox_lifetime_s - HEALTH_MARGIN_S:
             return False  # the cluster kills the pod soon: let the pool replace it now
         try:
-            state, _ = pod_state(b.api.read_pod(b.opts.namespace, self.pod))
+            state, _ = pod_state(b.api.read_pod(b.opts.sandbox_ns, self.pod))
         except ApiException:
             return False
         return state == "running"

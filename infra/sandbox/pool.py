@@ -22,8 +22,17 @@ import threading
 import time
 from collections.abc import Iterator, Mapping
 
-from infra.sandbox.api import Backend, Box, Limits, Profile, Result, SandboxError, get_profile
+from infra.sandbox.api import (
+    Backend,
+    Box,
+    Limits,
+    Profile,
+    Result,
+    SandboxError,
+    get_profile,
+)
 from infra.sandbox.bwrap import BwrapBackend
+from temper.core.settings import get_settings
 
 _shared: dict[str, "SandboxPool"] = {}
 _shared_lock = threading.Lock()
@@ -42,11 +51,25 @@ _default: list[Backend] = []
 
 
 def default_backend() -> Backend:
-    """The process's local backend (one host directory for all its boxes, removed at exit)."""
+    """The process's backend, as the ``TEMPER_SANDBOX_BACKEND`` setting says (the flow's execution backend sets
+    it for the jobs it starts): bubblewrap boxes here (one host directory for all, removed at exit), or
+    sandbox pods in the cluster's sandbox namespace (``infra.sandbox.kubernetes``)."""
     with _backend_lock:
         if not _default:
-            _default.append(BwrapBackend())
+            _default.append(_make_backend())
         return _default[0]
+
+
+def _make_backend() -> Backend:
+    if get_settings().sandbox_backend == "kubernetes":
+        # lazy: the Kubernetes client (0.33 s) would load in every sandboxed verifier of a local run
+        from infra.k8s.api import ClusterApi, load_config
+        from infra.k8s.options import options_from_env
+        from infra.sandbox.kubernetes import KubernetesBackend
+
+        load_config()  # in-cluster (a training/eval pod's token), else the kubeconfig
+        return KubernetesBackend(ClusterApi(), options_from_env())
+    return BwrapBackend()
 
 
 def request_argv(profile: Profile, command: list[str] | str | None, code: str | None) -> tuple[list[str], dict[str, str]]:
@@ -233,6 +256,15 @@ def shared_pool(profile: str, size: int | None = None) -> SandboxPool:
         if pool is None or pool._closed:
             pool = _shared[profile] = SandboxPool(profile, size=size or max(2, os.cpu_count() or 2))
         return pool
+
+
+def close_shared() -> None:
+    """Close every shared pool now (their boxes, e.g. sandbox pods, are deleted) and the default backend.
+
+    Also registered at exit; a job calls it itself when it ends, because at interpreter exit the
+    HTTP client a Kubernetes box needs to delete its pod may already be gone (seen on the stand-in:
+    an eval pod's sandbox pods outlived it)."""
+    _close_shared()
 
 
 @atexit.register

@@ -16,7 +16,12 @@ from temper.core.errors import TemperError, describe_validation_error
 
 def run(args) -> int:
     # lazy: pydantic_settings (130 ms), via config, would load at every `temper` start-up
-    from temper.rollout.config import MIB, EngineConfig, PrefixCacheConfig, SpeculativeConfig
+    from temper.rollout.config import (
+        MIB,
+        EngineConfig,
+        PrefixCacheConfig,
+        SpeculativeConfig,
+    )
 
     for flag, folder in (("--model", args.model), ("--draft", None if args.draft in (None, "int8") else args.draft)):
         if folder is not None and not (Path(folder) / "config.json").is_file():

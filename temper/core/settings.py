@@ -55,7 +55,13 @@ class Settings(BaseSettings):
     )
     backend: Literal["local", "kubernetes"] = Field(
         default="local",
-        description="Where workloads run: local processes or Kubernetes pods/jobs.",
+        description="Where workloads run: local processes or Kubernetes pods/jobs. The default of "
+        "post_training's `backend` parameter, resolved when a flow run starts.",
+    )
+    sandbox_backend: Literal["bwrap", "kubernetes"] = Field(
+        default="bwrap",
+        description="Where this process's verifiers run untrusted programs: bubblewrap boxes here, or sandbox "
+        "pods (infra.sandbox.kubernetes). The flow's execution backend sets it for the jobs it starts.",
     )
     catalog_dir: Path = Field(
         default=Path("domains"),

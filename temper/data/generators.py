@@ -7,8 +7,6 @@ validates exactly the data a developer saw. Every record has ``id``, ``split`` a
 
 from __future__ import annotations
 
-
-
 import json
 import random
 import tempfile

@@ -23,11 +23,11 @@ from infra.lineage import log_dataset
 from infra.storage import join, put_dir
 from temper.core.errors import DatasetError
 from temper.core.settings import Settings, get_settings
+from temper.core.templates import template_columns
 from temper.data.datasets import load_dataset
 from temper.data.domain import Domain
 from temper.data.packs import contract_for
 from temper.verifiers import get_verifier
-from temper.core.templates import template_columns
 
 
 @dataclass

@@ -12,7 +12,9 @@ from typing import Any
 
 from infra import lineage
 from temper.registry.samples import DOMAIN_TAG as TAG_DOMAIN
-from temper.registry.samples import LABEL_TAG as TAG_LABEL  # 'base' or 'candidate': which model was scored
+from temper.registry.samples import (
+    LABEL_TAG as TAG_LABEL,  # 'base' or 'candidate': which model was scored
+)
 from temper.registry.samples import log_eval_samples
 
 

@@ -15,8 +15,15 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from temper.core.config_files import load_config
 from temper.core.errors import TemperError
+from temper.core.settings import get_settings
 from temper.registry.gate import PromotionPolicy
-from temper.training.config import GRPOSettings, MixingWeights, SFTSettings, check_grpo_batch, check_mixing_names
+from temper.training.config import (
+    GRPOSettings,
+    MixingWeights,
+    SFTSettings,
+    check_grpo_batch,
+    check_mixing_names,
+)
 
 __all__ = ["EvalSettings", "EvaluateParams", "GRPOSettings", "PostTrainingParams", "RetrainParams", "SFTSettings",
            "SFTStage", "ValidateParams", "load_params"]
@@ -54,7 +61,9 @@ class PostTrainingParams(BaseModel):
     grpo: GRPOSettings = Field(default_factory=GRPOSettings)
     eval: EvalSettings = Field(default_factory=EvalSettings)
     promotion: PromotionPolicy = Field(default_factory=PromotionPolicy)
-    backend: Literal["local", "kubernetes"] = Field(default="local", description="Where training and eval jobs run.")
+    backend: Literal["local", "kubernetes"] | None = Field(
+        default=None, description="Where training, eval and sandbox jobs run: local processes or a Kubernetes "
+        "cluster. Empty = the TEMPER_BACKEND setting of the process the flow run starts in.")
     world_size: int = Field(default=2, ge=1, description="Training processes (ZeRO-3 ranks; 1 = no DeepSpeed).")
     seed: int = Field(default=0, description="Seed of sampling, data order and initialisation.")
 
@@ -63,6 +72,14 @@ class PostTrainingParams(BaseModel):
         check_grpo_batch(self.grpo, self.world_size)
         check_mixing_names(self.mixing_weights, self.domains)
         return self
+
+    def resolved(self) -> "PostTrainingParams":
+        """These parameters with ``backend`` filled from settings when empty: called once, as the flow starts
+        (not at import or deploy time, so a deployment's form never bakes in the deploying machine's setting)."""
+        if self.backend is not None:
+            return self
+
+        return self.model_copy(update={"backend": get_settings().backend})
 
 
 class EvaluateParams(BaseModel):

@@ -18,11 +18,16 @@ from transformers import TrainerCallback
 from infra import lineage
 from temper.core.settings import Settings
 from temper.training import checkpoint as ckpt
-from temper.training.charts import curriculum_weights_csv, domain_heatmap_png, domain_table_csv, read_metrics
+from temper.training.charts import (
+    curriculum_weights_csv,
+    domain_heatmap_png,
+    domain_table_csv,
+    read_metrics,
+)
 from temper.training.config import TrainConfig, TrainingError
+from temper.training.curriculum import CurriculumStream
 from temper.training.export import log_and_register, reward_curve_png
 from temper.training.progress import progress_line
-from temper.training.curriculum import CurriculumStream
 from temper.training.rewards import DomainRewards, merge_summaries, step_totals
 
 

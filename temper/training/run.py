@@ -28,8 +28,8 @@ from temper.data.domain import Domain
 from temper.training import checkpoint as ckpt
 from temper.training.callbacks import TemperCallback
 from temper.training.config import TrainConfig, TrainingError
-from temper.training.deepspeed import write_launch_configs
 from temper.training.curriculum import CurriculumStream, lazy_dataset, replay
+from temper.training.deepspeed import write_launch_configs
 from temper.training.disk import disk_full_is_named, folder_bytes
 from temper.training.mixing import DomainMixSampler
 from temper.training.multiturn import rollout_for

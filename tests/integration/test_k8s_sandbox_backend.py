@@ -85,7 +85,7 @@ class FakeClusterApi:
         self.pods.pop(name, None)
 
     def exec(self, namespace, pod, container, argv, stdin, timeout_s):
-        assert pod in self.pods and container == m.MAIN_CONTAINER and namespace == OPTS.namespace
+        assert pod in self.pods and container == m.MAIN_CONTAINER and namespace == OPTS.sandbox_ns
         self.execs += 1
         if self.exec_hook is not None:
             hook, self.exec_hook = self.exec_hook, None

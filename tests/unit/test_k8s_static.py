@@ -32,14 +32,16 @@ ROOT = Path(__file__).resolve().parents[2]
 K8S = ROOT / "k8s"
 KUSTOMIZATIONS = ["base", "overlays/dev", "overlays/gpu-cluster"]
 SCHEMA = "1.33"
-CLUSTER_SCOPED = {"Namespace", "PriorityClass", "ClusterRole", "ClusterRoleBinding", "StorageClass", "RuntimeClass"}
+CLUSTER_SCOPED = {"Namespace", "PriorityClass", "ClusterRole", "ClusterRoleBinding", "StorageClass", "RuntimeClass",
+                  "ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"}
 SUPPORTED = {"apiVersion", "kind", "namespace", "labels", "resources", "patches", "secretGenerator",
              "generatorOptions", "images"}
 # Strategic-merge keys of the lists these patches touch (from the Kubernetes API's patchMergeKey).
 MERGE_KEYS = {"containers": "name", "initContainers": "name", "env": "name", "volumes": "name",
               "volumeMounts": "mountPath", "ports": "containerPort"}
 # Secrets the operator creates by hand on that cluster (docs/kubernetes.md), never in the repo.
-OPERATOR_SECRETS = {"overlays/gpu-cluster": {"temper-mlflow"}, "base": {"temper-mlflow"}}
+OPERATOR_SECRETS = {"overlays/gpu-cluster": {"temper-mlflow"}, "base": {"temper-mlflow"},
+                    "overlays/dev": {"temper-s3"}}  # MinIO's root credentials are the S3 secret's keys
 # Which overlay each job config is written for: it must be admissible there.
 CONFIG_TARGETS = {"sft-zero3-cpu.yaml": "overlays/dev", "sandbox-batch.yaml": "overlays/dev",
                   "sft-zero3-gpu.yaml": "overlays/gpu-cluster", "eval-shards.yaml": "overlays/gpu-cluster"}
@@ -76,7 +78,8 @@ def kustomize(path: Path) -> list[dict]:
     for gen in kz.get("secretGenerator", []):
         assert kz.get("generatorOptions", {}).get("disableNameSuffixHash"), "hashed names are not implemented"
         data = dict(lit.split("=", 1) for lit in gen["literals"])
-        docs.append({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": gen["name"]}, "type": "Opaque",
+        meta = {"name": gen["name"], **({"namespace": gen["namespace"]} if "namespace" in gen else {})}
+        docs.append({"apiVersion": "v1", "kind": "Secret", "metadata": meta, "type": "Opaque",
                      "data": {k: base64.b64encode(v.encode()).decode() for k, v in data.items()}})
     for patch in kz.get("patches", []):
         body = yaml.safe_load((path / patch["path"]).read_text())
@@ -227,6 +230,10 @@ ROLE_GRANTS = {
     "temper-flow-runner": {("batch", "jobs", v) for v in ("create", "get", "delete")}
     | {("", "services", "create"), ("", "services", "delete")}
     | {("", "pods", v) for v in ("create", "get", "list", "delete")} | {("", "pods/log", "get")}
+    | {("", "pods/exec", "create"), ("", "pods/exec", "get")}
+    | {("", "serviceaccounts", "get"), ("", "resourcequotas", "list")},  # infra/k8s/preflight.py
+    # training/eval pods, in the sandbox namespace only: infra/sandbox/kubernetes.py KubernetesBackend
+    "temper-sandbox-creator": {("", "pods", v) for v in ("create", "get", "delete")}
     | {("", "pods/exec", "create"), ("", "pods/exec", "get")},
 }
 
@@ -249,7 +256,10 @@ def test_roles_grant_exactly_their_list_and_nothing_cluster_wide(name):
         assert rb["roleRef"] == {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": rb["metadata"]["name"]}
         for subject in rb["subjects"]:
             assert subject["kind"] == "ServiceAccount" and subject["name"] in service_accounts
-            assert subject["namespace"] == rb["metadata"]["namespace"]
+            # the sandbox namespace's binding names the workloads' account in temper, nothing else crosses
+            assert subject["namespace"] == rb["metadata"]["namespace"] or (
+                rb["metadata"]["namespace"] == "temper-sandbox" and subject == {
+                    "kind": "ServiceAccount", "name": "temper-workload", "namespace": "temper"})
 
 
 @pytest.mark.parametrize("name", KUSTOMIZATIONS)
@@ -282,6 +292,9 @@ def test_pods_are_restricted_with_resources_and_probes(name):
     limit_max = find(docs, "LimitRange", "temper")["spec"]["limits"][0]["max"]
     deployments = [d for d in docs if d["kind"] == "Deployment"]
     assert {d["metadata"]["name"] for d in deployments} >= {"temper-prefect-worker", "mlflow"}
+    if name == "overlays/dev":  # the S3 store configs/k8s/sft-zero3-cpu.yaml points at: minio.temper.svc:9000
+        svc = find(docs, "Service", "minio")
+        assert svc["metadata"]["namespace"] == "temper" and svc["spec"]["ports"][0]["port"] == 9000
     for dep in deployments:
         pod = pod_specs(dep)[0]
         assert restricted_violations(pod) == [], dep["metadata"]["name"]

@@ -15,7 +15,14 @@ from typing import Any
 from pydantic import NonNegativeFloat
 
 from temper.verifiers.base import Verdict, Verifier
-from temper.verifiers.families.matching import PICK, candidates, extract_final_number, normalize, numbers_match, parse_number
+from temper.verifiers.families.matching import (
+    PICK,
+    candidates,
+    extract_final_number,
+    normalize,
+    numbers_match,
+    parse_number,
+)
 from temper.verifiers.registry import register
 
 

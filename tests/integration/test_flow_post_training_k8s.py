@@ -1,0 +1,219 @@
+"""post_training with ``backend: kubernetes`` on the stand-in cluster (tests/k8s_standin), under
+Prefect's test harness, with a real MLflow server and moto's S3 server.
+
+The flow's tasks submit through the real client to the stand-in API server: the 2-rank ZeRO-3 SFT
+and GRPO as an Indexed Job + headless Service (two pods that rendezvous through the Service's
+DNS), eval as sharded Jobs, everything the pods read or write through S3. The registered
+version's per-domain results must equal a local run's with the same seed. Bad input fails the
+first task that needs the cluster with one line and leaves nothing behind (asserted through the API).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pytest
+from kubernetes import client as k
+
+pytestmark = pytest.mark.slow
+
+# generated into the moto bucket by flow_env (s3_env first); python_functions is verified in sandboxes
+FLOW_DOMAINS = ("arithmetic", "multiplication", "python_functions")
+NS, SANDBOX_NS = "temper", "temper-sandbox"
+
+
+def _params(backend: str, **kw):
+    from temper.lifecycle.params import EvalSettings, GRPOSettings, PostTrainingParams, SFTStage
+
+    fields = dict(model_name=f"temper-k8s-{backend}", domains=["arithmetic", "multiplication"], sft=SFTStage(max_steps=20),
+                  grpo=GRPOSettings(max_steps=4), eval=EvalSettings(limit=16, shards=2), backend=backend, seed=0)
+    return PostTrainingParams(**{**fields, **kw})
+
+
+@pytest.fixture
+def on_cluster(temper_home, s3_env, flow_env, k8s_cluster, monkeypatch, tmp_path):
+    """The stand-in set up as k8s/base would: namespaces, the workloads' account, priority classes, the S3
+    Secret (moto's test credentials), and the options file a flow-run pod reads (TEMPER_K8S_OPTIONS)."""
+    import shutil
+    from pathlib import Path
+
+    import yaml
+
+    from infra.k8s.options import KubernetesOptions
+    from temper.lifecycle.execution import execution_for
+    from temper.training.deepspeed import torch_extensions_dir
+
+    k8s_cluster.create_namespace(NS, service_accounts=("temper-workload",),
+                                 priority_classes=("temper-training", "temper-sandbox"))
+    k8s_cluster.create_namespace(SANDBOX_NS, service_accounts=())
+    k.CoreV1Api(k8s_cluster.api_client).create_namespaced_secret(NS, k.V1Secret(
+        metadata=k.V1ObjectMeta(name="temper-s3"),
+        string_data={"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1"}))
+
+    # DeepSpeed's CPU comm op, compiled once on this machine, on a volume every pod sees (as an image or a
+    # cache volume would carry it): else each pod JIT-compiles it (~1-3 min on 2 busy cores) in its own /tmp.
+    cache = k8s_cluster.shared_dir / "torch_extensions"
+    if Path(torch_extensions_dir()).is_dir():
+        # not the FileBaton/ninja locks: a copied lock of a build elsewhere would make every pod wait forever
+        shutil.copytree(torch_extensions_dir(), cache, ignore=shutil.ignore_patterns("lock", ".ninja_lock"))
+
+    def options(**kw) -> None:
+        path = tmp_path / "options.yaml"
+        # sandbox boxes sized so the eval pod's warm pool (4 boxes) fits the stand-in's 4-CPU node next to it
+        base = dict(sandbox_namespace=SANDBOX_NS, sandbox_cpu="250m", sandbox_memory="512Mi", poll_interval_s=0.5, unschedulable_after_s=15, sandbox_start_timeout_s=60,
+                    env={"TORCH_EXTENSIONS_DIR": str(cache)})
+        path.write_text(yaml.safe_dump(KubernetesOptions(**{**base, **kw}).model_dump(mode="json")))
+        monkeypatch.setenv("TEMPER_K8S_OPTIONS", str(path))
+        execution_for.cache_clear()
+
+    options()
+    # The stand-in has no in-cluster service-account tokens: pods reach its API through KUBECONFIG (passed on
+    # by the execution backend as a path), so the file lives where every pod sees it, not under a pod's /tmp.
+    kubeconfig = k8s_cluster.shared_dir / "kubeconfig"
+    shutil.copy(k8s_cluster.kubeconfig, kubeconfig)
+    monkeypatch.setenv("KUBECONFIG", str(kubeconfig))
+    k8s_cluster.set_options = options
+    yield k8s_cluster
+    execution_for.cache_clear()
+
+
+def _prefect(coro_fn):
+    from prefect.client.orchestration import get_client
+
+    async def go():
+        async with get_client() as client:
+            return await coro_fn(client)
+
+    return asyncio.run(go())
+
+
+def _stage_timing(flow_run_id, task_name: str) -> tuple[float, float]:
+    """(task start -> first training step logged, task start -> end) in seconds, from Prefect's own records."""
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId, LogFilter, LogFilterTaskRunId
+
+    runs = _prefect(lambda c: c.read_task_runs(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[flow_run_id]))))
+    (run,) = [r for r in runs if r.name == task_name]
+    logs = _prefect(lambda c: c.read_logs(log_filter=LogFilter(task_run_id=LogFilterTaskRunId(any_=[run.id]))))
+    first = min(log.timestamp for log in logs if " step 1/" in log.message)
+    return (first - run.start_time).total_seconds(), (run.end_time - run.start_time).total_seconds()
+
+
+@pytest.mark.timeout(1800)  # two whole post_training runs (~5 min each on 2 shared cores)
+def test_post_training_on_the_cluster_equals_the_local_run(on_cluster):
+    from mlflow.tracking import MlflowClient
+
+    from flows.post_training import post_training
+
+    t = time.perf_counter()
+    state = post_training(_params("kubernetes"), return_state=True)
+    k8s_wall = time.perf_counter() - t
+    assert state.is_completed(), state.message
+    remote = state.result()
+    t = time.perf_counter()
+    local_state = post_training(_params("local"), return_state=True)
+    local_wall = time.perf_counter() - t
+    assert local_state.is_completed(), local_state.message
+    local = local_state.result()
+
+    # the same per-domain results, before and after training (same seed, same 2-rank ZeRO-3)
+    assert remote["after"] == local["after"] and remote["before"] == local["before"], (remote, local)
+    mv = MlflowClient().get_model_version("temper-k8s-kubernetes", remote["registered"]["version"])
+    for domain, mean in remote["after"].items():
+        assert float(mv.tags[f"temper.eval.{domain}.mean_reward"]) == pytest.approx(mean)
+
+    batch, core = k.BatchV1Api(on_cluster.api_client), k.CoreV1Api(on_cluster.api_client)
+    jobs = batch.list_namespaced_job(NS).items
+    train = [j for j in jobs if j.metadata.labels["temper.dev/kind"] == "train"]
+    evals = [j for j in jobs if j.metadata.labels["temper.dev/kind"] == "eval"]
+    assert len(train) == 2 and all(j.spec.parallelism == 2 and j.spec.completion_mode == "Indexed" for j in train)
+    assert len(evals) == 4  # 2 shards x (base, candidate)
+    assert all(j.status.succeeded for j in jobs)
+    assert not core.list_namespaced_service(NS).items  # headless Services go with their run
+    assert on_cluster.processes() == 0
+
+    for stage in ("train-sft", "train-grpo"):
+        k8s_first, k8s_stage = _stage_timing(state.state_details.flow_run_id, stage)
+        loc_first, loc_stage = _stage_timing(local_state.state_details.flow_run_id, stage)
+        print(f"\n{stage}: submission->first step kubernetes {k8s_first:.1f}s local {loc_first:.1f}s; "
+              f"whole stage kubernetes {k8s_stage:.1f}s local {loc_stage:.1f}s")
+    print(f"whole flow: kubernetes {k8s_wall:.0f}s local {local_wall:.0f}s")
+
+
+@pytest.mark.timeout(900)
+def test_sandbox_verified_eval_runs_in_sandbox_pods_and_equals_local(on_cluster):
+    """An eval Job whose verifier (code_tests) makes sandbox pods in temper-sandbox from inside the eval pod,
+    through KubernetesBackend and the pod's own API access; the per-sample rewards equal bubblewrap's here."""
+    from prefect import flow
+
+    from tasks.evaluation import evaluate
+    from tasks.training import prepare_base_model
+    from temper.lifecycle.params import EvalSettings
+
+    @flow
+    def eval_only(backend: str) -> list[dict]:
+        model = prepare_base_model("tiny")
+        # 2 records: the pool's 2 concurrent boxes take both at once. One exec round trip on the stand-in took
+        # seconds, so queued records hit code_tests' deadline (4 x its 5 s limit) and scored None (measured: 2 of 6)
+        return evaluate(model, ["python_functions"], EvalSettings(limit=2, max_new_tokens=24), f"sandboxed-{backend}",
+                        None, backend)
+
+    remote, local = eval_only("kubernetes"), eval_only("local")
+    assert remote == local and remote[0]["n"] == remote[0]["scored"] == 2, (remote, local)
+    boxes = [p.name for p in (on_cluster.root / "pods").iterdir() if p.name.startswith(f"{SANDBOX_NS}_sandbox-")]
+    assert boxes, "no sandbox pod ran in the sandbox namespace"
+    # the eval pod's pool deleted its boxes when the pod's process exited
+    try:
+        on_cluster.wait_for("sandbox pods deleted", lambda: not on_cluster.leftovers(SANDBOX_NS), timeout=60)
+    except TimeoutError:
+        pods = k.CoreV1Api(on_cluster.api_client).list_namespaced_pod(SANDBOX_NS).items
+        raise AssertionError([(p.metadata.name, p.status.phase, p.metadata.deletion_timestamp) for p in pods]) from None
+
+
+def _leftovers(cluster) -> dict:
+    """What is left in both namespaces once the garbage collector has had its time (Background deletion
+    of a Job removes its pods asynchronously, on a real cluster too)."""
+    def left():
+        return {ns: cluster.leftovers(ns) for ns in (NS, SANDBOX_NS) if cluster.leftovers(ns)}
+    try:
+        cluster.wait_for("no leftover objects", lambda: not left(), timeout=30)
+    except TimeoutError:
+        pass
+    return left()
+
+
+def test_an_image_that_cannot_be_pulled_fails_the_first_training_task_and_leaves_nothing(on_cluster):
+    from flows.post_training import post_training
+
+    on_cluster.set_options(image="registry.example.com/temper-workload:missing")
+    state = post_training(_params("kubernetes", sft={"enabled": True, "max_steps": 2}), return_state=True)
+    assert state.is_failed()
+    message = state.message or ""
+    with pytest.raises(Exception) as e:
+        state.result()
+    line = str(e.value)
+    assert "ImagePullBackOff" in line and "registry.example.com/temper-workload:missing" in line, (message, line)
+    assert "\n" not in line.strip()
+    assert _leftovers(on_cluster) == {}
+
+
+@pytest.mark.parametrize("options, words", [
+    (dict(namespace="missing"), "namespace 'missing': not found"),
+    (dict(service_account="nobody"), "service account temper/nobody: not found"),
+    (dict(train_resources={"cpu": "64", "memory": "1Gi", "shm_size": "64Mi"}), "Unschedulable"),
+])
+def test_bad_cluster_input_is_one_line_and_leaves_nothing(on_cluster, options, words, tmp_path):
+    """The first task that needs the cluster, run as the flow runs it (its execution backend)."""
+    from temper.lifecycle.execution import execution_for
+    from temper.training.config import SFTSettings, TrainConfig
+
+    on_cluster.set_options(**options)
+    ex = execution_for("kubernetes")
+    cfg = TrainConfig(mode="sft", run_name="pt-bad-sft", base_model="s3://nowhere/model", output_dir=str(tmp_path / "o"),
+                      world_size=2, sft=SFTSettings(max_steps=2))
+    spec, _ = ex.training_job(cfg, "run")
+    with pytest.raises(Exception) as e:
+        ex.run(spec, lambda line: None)
+    line = str(e.value)
+    assert words in line and "\n" not in line, line
+    assert _leftovers(on_cluster) == {}
