@@ -31,8 +31,6 @@ from infra.sandbox.api import (
     SandboxError,
     get_profile,
 )
-from infra.sandbox.bwrap import BwrapBackend
-from temper.core.settings import get_settings
 
 _shared: dict[str, "SandboxPool"] = {}
 _shared_lock = threading.Lock()
@@ -61,6 +59,11 @@ def default_backend() -> Backend:
 
 
 def _make_backend() -> Backend:
+    # lazy: measured, not for speed: with bubblewrap's module (and settings) imported when this module
+    # loads, an eval pod's sandbox pods outlived it on the stand-in (test_flow_post_training_k8s.py::
+    # test_sandbox_verified_eval_runs_in_sandbox_pods_and_equals_local); the cause is not found yet
+    from temper.core.settings import get_settings
+
     if get_settings().sandbox_backend == "kubernetes":
         # lazy: the Kubernetes client (0.33 s) would load in every sandboxed verifier of a local run
         from infra.k8s.api import ClusterApi, load_config
@@ -69,6 +72,9 @@ def _make_backend() -> Backend:
 
         load_config()  # in-cluster (a training/eval pod's token), else the kubeconfig
         return KubernetesBackend(ClusterApi(), options_from_env())
+    # lazy: see the comment at the top of this function
+    from infra.sandbox.bwrap import BwrapBackend
+
     return BwrapBackend()
 
 
