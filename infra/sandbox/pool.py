@@ -31,6 +31,8 @@ from infra.sandbox.api import (
     SandboxError,
     get_profile,
 )
+from infra.sandbox.bwrap import BwrapBackend
+from temper.core.settings import get_settings
 
 _shared: dict[str, "SandboxPool"] = {}
 _shared_lock = threading.Lock()
@@ -59,11 +61,6 @@ def default_backend() -> Backend:
 
 
 def _make_backend() -> Backend:
-    # lazy: measured, not for speed: with bubblewrap's module (and settings) imported when this module
-    # loads, an eval pod's sandbox pods outlived it on the stand-in (test_flow_post_training_k8s.py::
-    # test_sandbox_verified_eval_runs_in_sandbox_pods_and_equals_local); the cause is not found yet
-    from temper.core.settings import get_settings
-
     if get_settings().sandbox_backend == "kubernetes":
         # lazy: the Kubernetes client (0.33 s) would load in every sandboxed verifier of a local run
         from infra.k8s.api import ClusterApi, load_config
@@ -72,9 +69,6 @@ def _make_backend() -> Backend:
 
         load_config()  # in-cluster (a training/eval pod's token), else the kubeconfig
         return KubernetesBackend(ClusterApi(), options_from_env())
-    # lazy: see the comment at the top of this function
-    from infra.sandbox.bwrap import BwrapBackend
-
     return BwrapBackend()
 
 
@@ -117,12 +111,13 @@ class SandboxPool:
         self._pending = 0
         self._closed = False
         self._waiting: set[cf.Future] = set()
+        self._boxes: set[Box] = set()  # every live box this pool made, idle or lent out: close() ends them all
         self.stats = {"runs": 0, "queue_timeouts": 0, "rejected": 0, "replaced": 0}
         self._executor = cf.ThreadPoolExecutor(max_workers=size, thread_name_prefix=f"sandbox-{self.profile.name}")
         # Spare boxes warm up while others run, so a busy pool still hands out started sandboxes.
         self.spare = (size if prewarm else 0) if spare is None else spare
         for _ in range(size + self.spare):
-            self._idle.put(self._ready(self.backend.create_box(self.profile)))
+            self._idle.put(self._ready(self._new_box()))
 
     # -- boxes -------------------------------------------------------------------------------------
     def acquire(self, timeout: float | None = None) -> Box:
@@ -142,13 +137,24 @@ class SandboxPool:
         except OSError:
             ok = False
         if self._closed:
-            box.close()
+            self._end(box)
             return
         if not ok:
-            box.close()
+            self._end(box)
             self._count("replaced")
-            box = self.backend.create_box(self.profile)
+            box = self._new_box()
         self._idle.put(self._ready(box))
+
+    def _new_box(self) -> Box:
+        box = self.backend.create_box(self.profile)
+        with self._lock:
+            self._boxes.add(box)
+        return box
+
+    def _end(self, box: Box) -> None:
+        with self._lock:
+            self._boxes.discard(box)
+        box.close()
 
     def _count(self, key: str) -> None:
         with self._lock:
@@ -242,9 +248,18 @@ class SandboxPool:
                 fut.set_exception(SandboxError("sandbox pool closed before the task ran"))
         while True:
             try:
-                self._idle.get_nowait().close()
+                self._end(self._idle.get_nowait())
             except queue.Empty:
                 break
+        # boxes still lent out (a Session not released, a reclaim the shutdown cancelled) end too: on a
+        # cluster each is a pod, which would otherwise outlive the job (seen on the stand-in)
+        with self._lock:
+            lent, self._boxes = list(self._boxes), set()
+        for box in lent:
+            try:
+                box.close()
+            except Exception:  # noqa: BLE001 - best effort at shutdown; a pod still dies at its deadline
+                pass
 
     def __enter__(self) -> "SandboxPool":
         return self
