@@ -18,13 +18,7 @@ from temper.data.validation import log_validated_datasets
 from temper.lifecycle.params import PostTrainingParams
 from temper.lifecycle.report import post_training_markdown, run_link
 from temper.registry.gate import GateDecision, PromotionPolicy, decide
-from temper.registry.model_store import (
-    DEFAULT_EXAMPLE,
-    EvalMetrics,
-    LoggedModel,
-    log_hf_model,
-    reusable_logged_model,
-)
+from temper.registry.model_store import DEFAULT_EXAMPLE, EvalMetrics, LoggedModel, log_hf_model, reusable_logged_model
 from temper.registry.registration import (
     champion_metrics,
     champion_samples,

@@ -11,24 +11,8 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from infra.sandbox.api import (
-    PROFILES,
-    Backend,
-    Box,
-    Limits,
-    Profile,
-    Result,
-    SandboxError,
-    get_profile,
-)
-from infra.sandbox.pool import (
-    PoolFull,
-    QueueTimeout,
-    SandboxPool,
-    default_backend,
-    request_argv,
-    shared_pool,
-)
+from infra.sandbox.api import PROFILES, Backend, Box, Limits, Profile, Result, SandboxError, get_profile
+from infra.sandbox.pool import PoolFull, QueueTimeout, SandboxPool, default_backend, request_argv, shared_pool
 from infra.sandbox.session import Session
 
 

@@ -31,14 +31,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from infra.sandbox import seccomp
-from infra.sandbox.api import (
-    Limits,
-    Profile,
-    Result,
-    SandboxError,
-    ro_mount,
-    safe_relpath,
-)
+from infra.sandbox.api import Limits, Profile, Result, SandboxError, ro_mount, safe_relpath
 from infra.sandbox.cgroups import BoxCgroup, Cgroups
 from infra.sandbox.forkserver import ForkServer, can_serve
 from infra.sandbox.process import spawn, supervise

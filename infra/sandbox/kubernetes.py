@@ -41,14 +41,7 @@ from infra.k8s import sandbox_exec
 from infra.k8s.errors import KubernetesError
 from infra.k8s.launcher import FAIL_FAST_WAITING
 from infra.k8s.options import KubernetesOptions
-from infra.sandbox.api import (
-    Limits,
-    Outcome,
-    Profile,
-    Result,
-    SandboxError,
-    safe_relpath,
-)
+from infra.sandbox.api import Limits, Outcome, Profile, Result, SandboxError, safe_relpath
 from infra.sandbox.bwrap import BASE_ENV
 from infra.sandbox.process import classify
 

@@ -22,15 +22,7 @@ import threading
 import time
 from collections.abc import Iterator, Mapping
 
-from infra.sandbox.api import (
-    Backend,
-    Box,
-    Limits,
-    Profile,
-    Result,
-    SandboxError,
-    get_profile,
-)
+from infra.sandbox.api import Backend, Box, Limits, Profile, Result, SandboxError, get_profile
 from infra.sandbox.bwrap import BwrapBackend
 from temper.core.settings import get_settings
 

@@ -22,12 +22,7 @@ from pathlib import Path
 
 from temper.core.settings import Settings, get_settings
 from temper.data.domain import Domain
-from temper.data.packs import (
-    GENERATION_VERSION,
-    SOURCES,
-    _installed_version,
-    contract_for,
-)
+from temper.data.packs import GENERATION_VERSION, SOURCES, _installed_version, contract_for
 from temper.data.packs_reasoning_gym import generate_many
 
 

@@ -17,13 +17,7 @@ from temper.core.config_files import load_config
 from temper.core.errors import TemperError
 from temper.core.settings import get_settings
 from temper.registry.gate import PromotionPolicy
-from temper.training.config import (
-    GRPOSettings,
-    MixingWeights,
-    SFTSettings,
-    check_grpo_batch,
-    check_mixing_names,
-)
+from temper.training.config import GRPOSettings, MixingWeights, SFTSettings, check_grpo_batch, check_mixing_names
 
 __all__ = ["EvalSettings", "EvaluateParams", "GRPOSettings", "PostTrainingParams", "RetrainParams", "SFTSettings",
            "SFTStage", "ValidateParams", "load_params"]

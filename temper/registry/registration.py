@@ -14,13 +14,7 @@ from temper.core.errors import TrackingError
 from temper.registry.aliases import record_flow_alias
 from temper.registry.gate import GateDecision
 from temper.registry.samples import Samples, eval_samples, version_samples
-from temper.registry.store import (
-    aliases_of,
-    client,
-    mlflow_message,
-    registered_model,
-    version_of,
-)
+from temper.registry.store import aliases_of, client, mlflow_message, registered_model, version_of
 from temper.registry.tags import eval_tags, mean_rewards
 
 

@@ -13,13 +13,7 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any
 
-from temper.registry.store import (
-    RegistryError,
-    aliases_of,
-    client,
-    registered_model,
-    version_of,
-)
+from temper.registry.store import RegistryError, aliases_of, client, registered_model, version_of
 from temper.registry.tags import parse_eval_tags
 
 _NUMBER = re.compile(r"v?(\d+)")

@@ -18,12 +18,7 @@ from transformers import TrainerCallback
 from infra import lineage
 from temper.core.settings import Settings
 from temper.training import checkpoint as ckpt
-from temper.training.charts import (
-    curriculum_weights_csv,
-    domain_heatmap_png,
-    domain_table_csv,
-    read_metrics,
-)
+from temper.training.charts import curriculum_weights_csv, domain_heatmap_png, domain_table_csv, read_metrics
 from temper.training.config import TrainConfig, TrainingError
 from temper.training.curriculum import CurriculumStream
 from temper.training.export import log_and_register, reward_curve_png
