@@ -141,7 +141,8 @@ def test_two_pods_rendezvous_shard_and_match_the_local_run(k8s_cluster, workspac
     assert sorted(parts) == ["shards-rank0.json", "shards-rank1.json"], shards  # one rank per pod
     full = parts["shards-rank0.json"]["full_numel"]
     assert all(0 < s["local_numel"] < full for s in parts.values())  # ZeRO-3: each pod holds a part
-    k8s_cluster.wait_for("namespace empty (TTL + GC)", lambda: k8s_cluster.leftovers(NS) == {}, timeout=30)
+    # a loaded 2-core machine (the whole suite at once) took over 30 s for TTL + garbage collection
+    k8s_cluster.wait_for("namespace empty (TTL + GC)", lambda: k8s_cluster.leftovers(NS) == {}, timeout=120)
     TIMINGS["kubernetes (stand-in)"] = {"first_step_s": timer.first, "total_s": timer.total}
 
     # the same run through the local launcher: one machine, two processes
@@ -192,7 +193,8 @@ def test_an_evicted_rank_fails_the_attempt_and_the_retry_resumes_from_the_store(
     assert sorted(resumed) == sorted(straight) == list(range(1, STEPS + 1))
     for step, loss in straight.items():
         assert abs(resumed[step] - loss) <= 1e-5, (step, straight, resumed)
-    k8s_cluster.wait_for("namespace empty (TTL + GC)", lambda: k8s_cluster.leftovers(NS) == {}, timeout=30)
+    # a loaded 2-core machine (the whole suite at once) took over 30 s for TTL + garbage collection
+    k8s_cluster.wait_for("namespace empty (TTL + GC)", lambda: k8s_cluster.leftovers(NS) == {}, timeout=120)
     assert k8s_cluster.processes() == 0
 
 
