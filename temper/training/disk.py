@@ -17,9 +17,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+from temper.training.checkpoint import STATE_FILE, local_checkpoints
 from temper.training.config import TrainingError
-
-STATE_FILE = "temper_state.json"  # checkpoint.STATE_FILE; repeated so checkpoint may import this module
 
 
 def folder_bytes(path: Path) -> int:
@@ -87,8 +86,7 @@ def disk_full_is_named(folder: Path, what: str, needed_bytes: int) -> Iterator[N
         if not disk_full(e, free, needed_bytes):
             raise
         removed = remove_incomplete_checkpoints(folder)
-        kept = sorted((p.name for p in folder.glob("checkpoint-*") if (p / STATE_FILE).exists()),
-                      key=lambda n: int(n.rsplit("-", 1)[1]))
+        kept = [f"checkpoint-{step}" for step in local_checkpoints(folder)]
         raise TrainingError(
             f"disk full: {what} could not be written to {folder}: {_size(free)} free there, about "
             f"{_size(needed_bytes)} needed; " + (f"removed the incomplete {', '.join(removed)}; " if removed else "")
