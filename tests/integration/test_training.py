@@ -71,6 +71,16 @@ def launch(config: Path, mode: str, stop_when: str | None = None, on_line=None) 
     return status, lines
 
 
+def kill_at_checkpoint_then_resume(config: Path, mode: str, step: int) -> None:
+    """Run ``config`` until its step-``step`` checkpoint is synced, kill the whole process group, then
+    start it again: it must resume from that checkpoint and finish."""
+    status, lines = launch(config, mode, stop_when=f"checkpoint step {step} synced")
+    assert status == 130, "\n".join(lines[-40:])  # cancelled: the whole process group was killed
+    status, lines = launch(config, mode)
+    assert status == 0, "\n".join(lines[-40:])
+    assert any("resuming from" in line and f"checkpoint-{step}" in line for line in lines)
+
+
 def losses(output_dir: Path) -> dict[int, float]:
     rows = [json.loads(line) for line in (output_dir / "metrics.jsonl").read_text().splitlines()]
     return {r["step"]: r["loss"] for r in rows if "loss" in r}  # a resumed run re-logs: last wins
@@ -124,11 +134,7 @@ def test_killed_run_resumes_with_identical_losses_and_refuses_changed_data(works
     assert status == 0, "\n".join(lines[-40:])
 
     interrupted = write_config(workspace, "interrupted", **common)
-    status, lines = launch(interrupted, "sft", stop_when="checkpoint step 3 synced")
-    assert status == 130, "\n".join(lines[-40:])  # cancelled: the whole process group was killed
-    status, lines = launch(interrupted, "sft")
-    assert status == 0, "\n".join(lines[-40:])
-    assert any("resuming from" in line and "checkpoint-3" in line for line in lines)
+    kill_at_checkpoint_then_resume(interrupted, "sft", step=3)
 
     expected, resumed = losses(workspace / "straight"), losses(workspace / "interrupted")
     assert sorted(resumed) == sorted(expected) == list(range(1, 7))
@@ -165,11 +171,7 @@ def test_killed_grpo_run_resumes_with_identical_sampling_rewards_and_kl(workspac
     status, lines = launch(write_config(workspace, "grpo_straight", **common), "grpo")
     assert status == 0, "\n".join(lines[-40:])
     interrupted = write_config(workspace, "grpo_interrupted", **common)
-    status, lines = launch(interrupted, "grpo", stop_when="checkpoint step 3 synced")
-    assert status == 130, "\n".join(lines[-40:])
-    status, lines = launch(interrupted, "grpo")
-    assert status == 0, "\n".join(lines[-40:])
-    assert any("resuming from" in line and "checkpoint-3" in line for line in lines)
+    kill_at_checkpoint_then_resume(interrupted, "grpo", step=3)
 
     expected, resumed = step_metrics(workspace / "grpo_straight"), step_metrics(workspace / "grpo_interrupted")
     assert sorted(resumed) == sorted(expected) == list(range(1, 7))
@@ -183,6 +185,7 @@ def test_disk_full_at_a_checkpoint_names_folder_and_bytes_and_the_previous_check
     """The output folder is a 2.5 MiB tmpfs: checkpoint-2 (1.6 MiB for the tiny model on 2 ranks) fits,
     checkpoint-4 does not. The job fails with one line naming the folder and the sizes, removes the
     half-written checkpoint, and a restart (on a disk with room) resumes from checkpoint-2."""
+    import os
     import subprocess
     import sys
 
@@ -192,8 +195,7 @@ def test_disk_full_at_a_checkpoint_names_folder_and_bytes_and_the_previous_check
                           max_steps=4, save_steps=2)
     proc = subprocess.run(["unshare", "--user", "--map-root-user", "--mount", sys.executable,
                            str(Path(__file__).parent / "disk_full_job.py"), str(config), "sft", "2560k"],
-                          capture_output=True, text=True, cwd=REPO, env={**__import__("os").environ,
-                                                                         "PYTHONPATH": str(REPO)})
+                          capture_output=True, text=True, cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)})
     assert proc.returncode == 0, proc.stderr[-3000:]
     job = json.loads(proc.stdout.strip().splitlines()[-1])
     text = "\n".join(job["lines"])
@@ -226,11 +228,7 @@ def test_grpo_curriculum_resumes_with_the_same_online_stream_weights_and_losses(
     assert status == 0, "\n".join(lines[-40:])
     run_id = next(line.split()[3] for line in lines if line.startswith("temper: MLflow run "))
     interrupted = write_config(workspace, "cur_interrupted", **common)
-    status, lines = launch(interrupted, "grpo", stop_when="checkpoint step 3 synced")
-    assert status == 130, "\n".join(lines[-40:])
-    status, lines = launch(interrupted, "grpo")
-    assert status == 0, "\n".join(lines[-40:])
-    assert any("resuming from" in line and "checkpoint-3" in line for line in lines)
+    kill_at_checkpoint_then_resume(interrupted, "grpo", step=3)
 
     final = {name: json.loads((workspace / name / "checkpoint-6" / "temper_state.json").read_text())["sampler"]
              for name in ("cur_straight", "cur_interrupted")}
