@@ -270,8 +270,8 @@ def bench_pack_grpo(root: Path, model: str, k: int, steps: int) -> dict:
     from temper.data.catalog import load_catalog
     from temper.data.generators import generate_datasets
 
-    pack = sorted(name for name, d in load_catalog(REPO / "domains").items() if d._pack == "rg")[:k]
     catalog = load_catalog(REPO / "domains")
+    pack = sorted(name for name, d in catalog.items() if d._pack == "rg")[:k]
     t = time.perf_counter()
     generate_datasets([catalog[n] for n in pack], processes=2)
     generate_s = time.perf_counter() - t
