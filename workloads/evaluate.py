@@ -50,6 +50,9 @@ class EvalResult:
     wall_s: float = 0.0
     samples: list[dict[str, Any]] = field(default_factory=list)
     too_long: int = 0  # prompts that do not fit the model's context with the new tokens: not generated, scored as ""
+    # per item, the prompt length (tokens) it was made for, on long-context domains (their rows record it): the
+    # effective context length is computed from (length, reward) pairs (temper.registry.effective_context)
+    context_lengths: list[int] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -211,6 +214,7 @@ def _evaluate(produce, model_dir: str, domain, limit: int, max_new_tokens: int, 
         samples=[{"id": r["id"], "prompt": p[-200:], "completion": c, "reward": w}
                  for r, p, c, w in list(zip(records, prompts, completions, rewards))[:keep_samples]],
         too_long=too_long,
+        context_lengths=[int(r["target_tokens"]) for r in records] if "target_tokens" in frame.columns else [],
     )
 
 

@@ -150,14 +150,22 @@ _BUILD: dict[str, Callable[[random.Random, int, float, int], Item]] = {
     "retrieval": _retrieval, "cross_file": _cross_file, "tool_history": _tool_history}
 
 
-def _largest(fits: Callable[[int], bool], limit: int) -> int:
-    """The largest n in [0, limit] with fits(n), given fits(0): doubling, then bisection, so a long prompt
-    is encoded O(log n) times at about its own size (a BPE tokenizer's count is monotone in the text only
-    roughly, so the caller checks the result against the tolerance)."""
-    lo, hi = 0, 1
-    while hi <= limit and fits(hi):
-        lo, hi = hi, hi * 2
-    hi = min(hi - 1, limit)
+def _largest(fits: Callable[[int], bool], limit: int, guess: int = 1) -> int:
+    """The largest n in [0, limit] with fits(n), given fits(0), searched outwards from ``guess`` (the
+    caller's estimate from the tokenizer's characters per token: a good guess costs two or three
+    encodes of the prompt instead of a bisection's dozen). A BPE tokenizer's count is monotone in the
+    text only roughly, so the caller checks the result against the tolerance."""
+    guess = max(0, min(guess, limit))
+    if fits(guess):
+        lo, step = guess, 1
+        while lo + step <= limit and fits(lo + step):
+            lo, step = lo + step, step * 2
+        hi = min(lo + step - 1, limit)
+    else:
+        hi, step = guess - 1, 1
+        while hi - step > 0 and not fits(hi - step):
+            hi, step = hi - step, step * 2
+        lo = max(0, hi - step)
     while lo < hi:
         mid = (lo + hi + 1) // 2
         if fits(mid):
@@ -167,15 +175,24 @@ def _largest(fits: Callable[[int], bool], limit: int) -> int:
     return lo
 
 
-def _fit(item: Item, target: int, count: Callable[[str], int]) -> tuple[str, int, int]:
+class _TooFewUnits(Exception):
+    """The row's filler does not reach its length: build it again with more."""
+
+
+def _fit(item: Item, target: int, count: Callable[[str], int], chars_per_token: float) -> tuple[str, int, int]:
     """(prompt, fact offset, tokens): the most filler units that fit under ``target`` tokens, then a
     prefix of the padding text grown until the prompt is as long as it can be without passing it."""
-    if count(item.render(0, 0)[0]) > target:
+    bare = count(item.render(0, 0)[0])
+    if bare > target:
         raise ValueError(f"the facts and the question alone need more than {target} tokens")
-    n_units = _largest(lambda n: count(item.render(n, 0)[0]) <= target, len(item.filler))
+    unit_chars = sum(map(len, item.filler[:16])) / min(16, len(item.filler)) + len(item.separator)
+    guess = int((target - bare) * chars_per_token / unit_chars)
+    n_units = _largest(lambda n: count(item.render(n, 0)[0]) <= target, len(item.filler), guess)
     if n_units == len(item.filler):
-        raise ValueError(f"{len(item.filler)} filler units do not reach {target} tokens")
-    pad = _largest(lambda n: count(item.render(n_units, n)[0]) <= target, len(item.pad_source))
+        raise _TooFewUnits(f"{len(item.filler)} filler units do not reach {target} tokens")
+    short = count(item.render(n_units, 0)[0])
+    guess = int((target - short) * chars_per_token)
+    pad = _largest(lambda n: count(item.render(n_units, n)[0]) <= target, len(item.pad_source), guess)
     prompt, offset = item.render(n_units, pad)
     return prompt, offset, count(prompt)
 
@@ -191,14 +208,22 @@ def long_context_frame(rows: int, seed: int, count: Callable[[str], int], family
         raise ValueError(f"lengths must be token counts of at least 64, got {list(lengths)}")
     if not depths or any(not 0.0 <= d <= 1.0 for d in depths):
         raise ValueError(f"depths must be fractions in [0, 1], got {list(depths)}")
-    rng = random.Random(f"long-context:{family}:{seed}")
+    sample = " ".join(_filler_sentence(random.Random(k)) for k in range(20))
+    chars_per_token = len(sample) / max(1, count(sample))
     records: list[dict[str, Any]] = []
     for i in range(rows):
         target = int(lengths[i % len(lengths)])
         depth = float(depths[(i // len(lengths)) % len(depths)])
-        # a filler unit is at least one token in any tokenizer, so `target` units always overfill
-        item = _BUILD[family](rng, target, depth, 1024)
-        prompt, offset, tokens = _fit(item, target, count)
+        # enough filler units for the target at this tokenizer's rate (units are >= 40 characters), doubled
+        # until they overfill it; each row has its own seed, so rows do not depend on each other
+        units, item = int(target * chars_per_token / 40) + 16, None
+        while item is None:
+            rng = random.Random(f"long-context:{family}:{seed}:{i}:{units}")
+            item = _BUILD[family](rng, units, depth, 1024)
+            try:
+                prompt, offset, tokens = _fit(item, target, count, chars_per_token)
+            except _TooFewUnits:
+                units, item = units * 2, None
         records.append({
             "id": f"lc-{family}-{seed}-{i:06d}", "family": family, "prompt": prompt, "answer": item.answer,
             "reference": item.answer, "target_tokens": target, "context_tokens": tokens,

@@ -122,3 +122,31 @@ def lost_context(candidate: EffectiveContext, champion: EffectiveContext) -> boo
     if not (candidate.measurable and champion.measurable and candidate.interval and champion.interval):
         return False
     return candidate.interval[1] < champion.interval[0]
+
+
+def context_figure(ec: EffectiveContext, title: str):
+    """Accuracy against prompt length with each length's interval, the bar (``fraction`` of short-context
+    accuracy) and the effective length marked: what a person reads before trusting a long-context claim."""
+    # lazy: matplotlib (600 ms) only when a long-context eval is recorded
+    import matplotlib
+
+    matplotlib.use("Agg")
+    # lazy: matplotlib (600 ms) only when a long-context eval is recorded
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6.0, 3.6))
+    acc = np.asarray(ec.accuracy)
+    err = np.clip([acc - np.asarray(ec.ci_low), np.asarray(ec.ci_high) - acc], 0, None)
+    ax.errorbar(ec.lengths, acc, yerr=err, marker="o", capsize=4, label="accuracy (Wilson CI)")
+    if ec.lengths:
+        ax.axhline(ec.fraction * ec.short_accuracy, color="grey", linestyle="--",
+                   label=f"{ec.fraction:.0%} of short-context accuracy")
+    if ec.measurable:
+        ax.axvline(ec.effective_tokens, color="tab:green", label=f"effective: {ec.describe()}")
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("prompt tokens")
+    ax.set_ylim(-0.02, 1.02)
+    ax.set_title(f"{title}: {ec.describe()}" if not ec.measurable else title, fontsize=9)
+    ax.legend(fontsize=7, loc="lower left")
+    fig.tight_layout()
+    return fig

@@ -43,6 +43,7 @@ def test_the_needed_fact_sits_at_its_depth_when_there_is_room():
         assert abs(prompt.index(answer) / len(prompt) - depth) < 0.02
 
 
+@pytest.mark.slow  # two interpreters that import transformers
 def test_the_same_seed_gives_the_same_bytes_whatever_the_hash_seed():
     code = ("import hashlib;from temper.data.generators_long_context import *;"
             "f=long_context_frame(6,3,token_counter('tiny'),family='cross_file',lengths=[448,2048]);"
@@ -113,3 +114,36 @@ def test_losing_context_is_judged_on_the_intervals():
     assert not lost_context(same, long_)  # two identical models: no loss
     unmeasured = effective_context(_curve({448: 0.0, 1024: 0.0}))
     assert not lost_context(unmeasured, long_) and not lost_context(short, unmeasured)
+
+
+def test_the_gate_blocks_a_candidate_that_lost_effective_context_and_not_an_identical_one():
+    from temper.registry.gate import PromotionPolicy, decide
+
+    long_ = _curve({448: 0.9, 1024: 0.9, 2048: 0.9, 4096: 0.9})
+    short = _curve({448: 0.9, 1024: 0.9, 2048: 0.1, 4096: 0.05})
+    means = {"long_retrieval": 0.9, "arithmetic": 0.5}
+    better = {"long_retrieval": 0.9, "arithmetic": 0.7}
+    lost = decide(better, means, PromotionPolicy(), candidate_curves={"long_retrieval": short},
+                  champion_curves={"long_retrieval": long_})
+    assert not lost.passed and lost.lost_context == ["long_retrieval"]
+    assert lost.reason == ("long_retrieval lost effective context: 1024 tokens (95% CI [1024, 1024]) "
+                           "vs champion 4096 tokens (95% CI [4096, 4096])")
+    same = decide(better, means, PromotionPolicy(), candidate_curves={"long_retrieval": long_},
+                  champion_curves={"long_retrieval": long_})
+    assert same.passed and not same.lost_context and "long_retrieval" in same.context
+
+
+def test_compare_shows_effective_context_next_to_the_domains():
+    from temper.registry.compare import compare_metrics, format_comparison
+
+    metrics = {"long_retrieval": {"mean_reward": 0.9, "pass_rate": 0.9, "n": 160}}
+    curve = _curve({448: 0.9, 1024: 0.9, 2048: 0.9, 4096: 0.9})
+    cmp = compare_metrics("m", "1", "2", metrics, metrics, {}, {}, curves_a={"long_retrieval": curve},
+                          curves_b={"long_retrieval": curve})
+    text = format_comparison(cmp)
+    assert ("long_retrieval: v1 4096 tokens (95% CI [4096, 4096]) -> v2 4096 tokens (95% CI [4096, 4096]): "
+            "no significant difference") in text
+    tiny = _curve({448: 0.0, 1024: 0.0})
+    cmp = compare_metrics("m", "1", "2", metrics, metrics, {}, {}, curves_a={"long_retrieval": tiny},
+                          curves_b={"long_retrieval": curve})
+    assert cmp.context["long_retrieval"]["verdict"] == "not comparable"
