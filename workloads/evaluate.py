@@ -126,11 +126,9 @@ class RolloutGenerator:
         self.client = RolloutClient(RolloutSettings(**overrides))
 
     def __call__(self, prompts: list[str], max_new_tokens: int) -> list[str]:
-        # lazy: torch+openai+fastapi+... (2.7 s), via client, only for the runs of `-m workloads.evaluate` that need it
-        from temper.rollout.client import generate
-
-        return [group[0].text for group in generate(prompts, max_tokens=max_new_tokens, temperature=0.0,
-                                                    client=self.client)]
+        groups = self.client.generate(prompts, max_new_tokens, 0.0, skip_too_long=True)
+        self.too_long = sum(not g for g in groups)  # refused as longer than the served context: scored as ""
+        return [g[0].text if g else "" for g in groups]
 
     def close(self) -> None:
         self.client.close()
