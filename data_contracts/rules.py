@@ -127,3 +127,18 @@ def reasoning_gym_entry(entry: Any, task: Any) -> bool:
         return False
     return (isinstance(e, dict) and isinstance(e.get("question"), str) and "answer" in e
             and isinstance(e.get("metadata"), dict) and e["metadata"].get("source_dataset") == task)
+
+
+@rule("tokens_near_target")
+def tokens_near_target(tokens: Any, target: Any) -> bool:
+    """A long-context prompt's real token count is within 1% of the length it was made for."""
+    try:
+        return abs(int(tokens) - int(target)) <= 0.01 * int(target)
+    except (TypeError, ValueError):
+        return False
+
+
+@rule("answer_once_in_prompt")
+def answer_once_in_prompt(answer: Any, prompt: Any) -> bool:
+    """The answer is stated in the context exactly once: answerable, and not guessable from repetition."""
+    return isinstance(answer, str) and isinstance(prompt, str) and bool(answer) and prompt.count(answer) == 1

@@ -31,6 +31,12 @@ from temper.lifecycle.report import domain_csv, domain_rows, post_training_markd
 REPORT_KEY = "post-training-report"
 
 
+def _context(before: list[dict], after: list[dict]) -> dict[str, tuple[str, str]]:
+    """Long-context domain -> (base, candidate) effective context length, for the report."""
+    base = {r["domain"]: r["effective_context"] for r in before if "effective_context" in r}
+    return {r["domain"]: (base.get(r["domain"], "n/a"), r["effective_context"]) for r in after if "effective_context" in r}
+
+
 def _means(results: list[dict]) -> dict[str, float]:
     return {r["domain"]: r["mean_reward"] for r in results}
 
@@ -102,7 +108,7 @@ def post_training(params: PostTrainingParams = PostTrainingParams()) -> dict:
 
     markdown = post_training_markdown(**report, before=_means(before), after=_means(after), champion=champion_means,
                                       champion_version=champion_version, decision=decision.reason,
-                                      registered=registered)
+                                      registered=registered, context=_context(before, after))
     create_markdown_artifact(markdown=markdown, key=REPORT_KEY, description="post_training result")
     rows = domain_rows(_means(before), _means(after), champion_means)
     create_table_artifact(table=rows, key="post-training-domains", description="per-domain eval: base, candidate, delta")

@@ -20,10 +20,12 @@ from temper.lifecycle.report import post_training_markdown, run_link
 from temper.registry.gate import GateDecision, PromotionPolicy, decide
 from temper.registry.model_store import DEFAULT_EXAMPLE, EvalMetrics, LoggedModel, log_hf_model, reusable_logged_model
 from temper.registry.registration import (
+    champion_curves,
     champion_metrics,
     champion_samples,
     lifecycle_version,
     register_version,
+    run_curves,
     run_samples,
 )
 
@@ -120,7 +122,8 @@ def gate(candidate: list[dict], model_name: str, champion_version: str | None,
     regression is judged against its noise."""
     lineage.configure()
     means = {r["domain"]: r["mean_reward"] for r in candidate}
-    return decide(means, champion_means, policy, run_samples(candidate), champion_samples(model_name, champion_version))
+    return decide(means, champion_means, policy, run_samples(candidate), champion_samples(model_name, champion_version),
+                  run_curves(candidate), champion_curves(model_name, champion_version))
 
 
 def _eval_metrics(eval_results: dict[str, dict]) -> list:

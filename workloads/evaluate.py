@@ -50,6 +50,9 @@ class EvalResult:
     wall_s: float = 0.0
     samples: list[dict[str, Any]] = field(default_factory=list)
     too_long: int = 0  # prompts that do not fit the model's context with the new tokens: not generated, scored as ""
+    # per item, the prompt length (tokens) it was made for, on long-context domains (their rows record it): the
+    # effective context length is computed from (length, reward) pairs (temper.registry.effective_context)
+    context_lengths: list[int] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -123,11 +126,9 @@ class RolloutGenerator:
         self.client = RolloutClient(RolloutSettings(**overrides))
 
     def __call__(self, prompts: list[str], max_new_tokens: int) -> list[str]:
-        # lazy: torch+openai+fastapi+... (2.7 s), via client, only for the runs of `-m workloads.evaluate` that need it
-        from temper.rollout.client import generate
-
-        return [group[0].text for group in generate(prompts, max_tokens=max_new_tokens, temperature=0.0,
-                                                    client=self.client)]
+        groups = self.client.generate(prompts, max_new_tokens, 0.0, skip_too_long=True)
+        self.too_long = sum(not g for g in groups)  # refused as longer than the served context: scored as ""
+        return [g[0].text if g else "" for g in groups]
 
     def close(self) -> None:
         self.client.close()
@@ -211,6 +212,7 @@ def _evaluate(produce, model_dir: str, domain, limit: int, max_new_tokens: int, 
         samples=[{"id": r["id"], "prompt": p[-200:], "completion": c, "reward": w}
                  for r, p, c, w in list(zip(records, prompts, completions, rewards))[:keep_samples]],
         too_long=too_long,
+        context_lengths=[int(r["target_tokens"]) for r in records] if "target_tokens" in frame.columns else [],
     )
 
 

@@ -19,7 +19,7 @@ import pandas as pd
 from infra.storage import exists
 from temper.core.errors import DatasetError
 from temper.core.settings import Settings, get_settings
-from temper.data import generators_agentic
+from temper.data import generators_agentic, generators_long_context
 from temper.data.datasets import dataset_digest, parse_dataset, write_dataset
 from temper.data.domain import Domain
 from temper.data.formats.bfcl import bfcl_frame
@@ -236,6 +236,21 @@ def reasoning_gym(rows: int, seed: int = 0, eval_fraction: float = 0.1, task: st
         if not reply["ok"]:
             raise DatasetError(f"reasoning_gym {task} tier {tier}: generation failed: {reply['error']}")
         return parse_dataset(Path(out).read_bytes(), "jsonl", out)
+
+
+@generator("long_context")
+def long_context(rows: int, seed: int = 0, eval_fraction: float = 1.0, family: str = "retrieval",
+                 lengths: list[int] = list(generators_long_context.DEFAULT_LENGTHS),
+                 depths: list[float] = list(generators_long_context.DEFAULT_DEPTHS), tokenizer: str = "tiny") -> pd.DataFrame:
+    """Long-context items of one family, lengths counted with ``tokenizer`` (``tiny`` or a model folder)."""
+    try:
+        count = generators_long_context.token_counter(tokenizer)
+    except OSError as e:
+        raise DatasetError(f"generator long_context: tokenizer {tokenizer!r} cannot be loaded: {e}") from None
+    try:
+        return generators_long_context.long_context_frame(rows, seed, count, family, lengths, depths, eval_fraction)
+    except ValueError as e:
+        raise DatasetError(f"generator long_context: {e}") from None
 
 
 def generate(name: str, rows: int, seed: int, eval_fraction: float, params: dict[str, Any]) -> pd.DataFrame:

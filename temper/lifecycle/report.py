@@ -92,11 +92,13 @@ def run_link(tracking_uri: str, experiment_id: str, run_id: str) -> str:
 def post_training_markdown(*, flow_run: str, domains: list[str], validation: str, before: dict[str, float],
                            after: dict[str, float], champion: dict[str, float] | None, champion_version: str | None,
                            decision: str, registered: dict | None, lifecycle_link: str,
-                           stopped: str | None = None, failed: str | None = None) -> str:
+                           stopped: str | None = None, failed: str | None = None,
+                           context: dict[str, tuple[str, str]] | None = None) -> str:
     """The post-training report: the same text goes to Prefect and to MLflow.
 
     ``stopped``: a data contract stopped the run before training; ``failed``: a stage failed
-    after the lifecycle run opened (what failed and why).
+    after the lifecycle run opened (what failed and why); ``context``: long-context domain -> (base,
+    candidate) effective context length, described.
     """
     if failed:
         return "\n".join([f"# post_training {flow_run}: FAILED", "", f"Lifecycle run: {lifecycle_link}", "",
@@ -110,8 +112,11 @@ def post_training_markdown(*, flow_run: str, domains: list[str], validation: str
         lines += ["## Stopped before training", "", stopped, "", "No training ran and no model version was registered."]
         return "\n".join(lines)
     lines += ["## Mean reward per domain (greedy, eval split)", "", before_after_markdown(before, after, champion), "",
-              f"Champion before this run: {f'version {champion_version}' if champion_version else 'none'}", "",
-              "## Gate", "", decision, ""]
+              f"Champion before this run: {f'version {champion_version}' if champion_version else 'none'}", ""]
+    if context:
+        lines += ["## Effective context length", "", "| domain | base | candidate |", "|---|---|---|"]
+        lines += [f"| {d} | {b} | {a} |" for d, (b, a) in sorted(context.items())] + [""]
+    lines += ["## Gate", "", decision, ""]
     if registered:
         lines += ["## Registered", "", f"`{registered['name']}` version **{registered['version']}**, alias "
                   f"**{registered['alias']}**", ""]

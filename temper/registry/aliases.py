@@ -25,7 +25,7 @@ from temper.core.errors import TrackingError
 from temper.registry.audit import AUDIT_TAG, VERSION_AUDIT_TAG, AuditEvent, audit_events, next_seq, rollback_target
 from temper.registry.gate import GateDecision, PromotionPolicy, decide
 from temper.registry.lock import model_lock
-from temper.registry.samples import version_samples
+from temper.registry.samples import version_curves, version_samples
 from temper.registry.store import (
     GateBlocked,
     RegistryOpError,
@@ -149,7 +149,8 @@ def promote(model: str, version: str, *, reason: str, alias: str = "champion", f
             return AliasChange(model=model, alias=alias, version=target, previous=current, changed=False)
         holder = c.get_model_version(model, current) if current else None
         decision = decide(mean_rewards(mv.tags), mean_rewards(holder.tags) if holder else None,
-                          policy or PromotionPolicy(), version_samples(mv), version_samples(holder) if holder else None)
+                          policy or PromotionPolicy(), version_samples(mv), version_samples(holder) if holder else None,
+                          version_curves(mv), version_curves(holder) if holder else None)
         if not decision.passed and not force:
             on = f"v{current}" if current else "unset"
             raise GateBlocked(f"{model} v{target} -> @{alias} blocked by the gate: {decision.reason} "

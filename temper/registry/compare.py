@@ -13,7 +13,8 @@ import numpy as np
 
 from infra import lineage
 from temper.registry.bootstrap import CONFIDENCE, DeltaInterval, bootstrap_delta
-from temper.registry.samples import version_samples
+from temper.registry.effective_context import FRACTION, effective_context, lost_context
+from temper.registry.samples import version_curves, version_samples
 from temper.registry.store import RegistryOpError, client, version_of
 from temper.registry.tags import parse_eval_tags
 from temper.registry.versions import num, resolve_version
@@ -51,6 +52,7 @@ class Comparison:
     only_a: list[str] = field(default_factory=list)
     only_b: list[str] = field(default_factory=list)
     run_id: str | None = None  # the MLflow run holding the chart
+    context: dict[str, dict[str, str]] = field(default_factory=dict)  # long-context domain -> a, b, verdict
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -58,8 +60,10 @@ class Comparison:
 
 def compare_metrics(model: str, a: str, b: str, metrics_a: dict[str, dict[str, float]],
                     metrics_b: dict[str, dict[str, float]], samples_a: dict[str, list], samples_b: dict[str, list],
-                    domains: str | None = None, *, seed: int = 0) -> Comparison:
-    """The pure part of ``compare``: rows of common domains (filtered by the glob), deltas B - A."""
+                    domains: str | None = None, *, seed: int = 0, curves_a: dict[str, list] | None = None,
+                    curves_b: dict[str, list] | None = None) -> Comparison:
+    """The pure part of ``compare``: rows of common domains (filtered by the glob), deltas B - A; and for
+    long-context domains with (tokens, reward) curves on both sides, each one's effective context length."""
     common = sorted(set(metrics_a) & set(metrics_b))
     if not common:
         raise RegistryOpError(f"{model}: v{a} and v{b} share no evaluated domain "
@@ -78,8 +82,15 @@ def compare_metrics(model: str, a: str, b: str, metrics_a: dict[str, dict[str, f
             interval = bootstrap_delta(samples_a[d], samples_b[d], seed=seed)
         rows.append(DomainComparison(domain=d, a=ma, b=mb, delta=delta, interval=interval,
                                      hint=significance_hint(interval, a, b)))
+    context = {}
+    for d in selected:
+        if d in (curves_a or {}) and d in (curves_b or {}):
+            ea, eb = effective_context(curves_a[d], seed=seed), effective_context(curves_b[d], seed=seed)
+            verdict = f"v{b} lost context" if lost_context(eb, ea) else f"v{a} lost context" if lost_context(ea, eb) \
+                else "no significant difference" if ea.measurable and eb.measurable else "not comparable"
+            context[d] = {"a": ea.describe(), "b": eb.describe(), "verdict": verdict}
     return Comparison(model=model, a=a, b=b, rows=rows, only_a=sorted(set(metrics_a) - set(metrics_b)),
-                      only_b=sorted(set(metrics_b) - set(metrics_a)))
+                      only_b=sorted(set(metrics_b) - set(metrics_a)), context=context)
 
 
 def compare(model: str, a: str, b: str, domains: str | None = None, *, log: bool = True, seed: int = 0) -> Comparison:
@@ -87,7 +98,8 @@ def compare(model: str, a: str, b: str, domains: str | None = None, *, log: bool
     c = client()
     mva, mvb = resolve_version(c, model, a), resolve_version(c, model, b)
     cmp = compare_metrics(model, version_of(mva), version_of(mvb), parse_eval_tags(mva.tags),
-                          parse_eval_tags(mvb.tags), version_samples(mva), version_samples(mvb), domains, seed=seed)
+                          parse_eval_tags(mvb.tags), version_samples(mva), version_samples(mvb), domains, seed=seed,
+                          curves_a=version_curves(mva), curves_b=version_curves(mvb))
     if log:
         cmp.run_id = log_comparison(cmp)
     return cmp
@@ -107,6 +119,9 @@ def format_comparison(cmp: Comparison) -> str:
         table.append(tuple(cells))
     widths = [max(len(row[i]) for row in table) for i in range(len(cols) - 1)]
     lines = [head] + ["  ".join(c.ljust(w) for c, w in zip(row[:-1], widths)) + "  " + row[-1] for row in table]
+    if cmp.context:
+        lines.append(f"effective context length (longest prompt at >= {FRACTION:.0%} of short-context accuracy):")
+        lines += [f"  {d}: v{cmp.a} {c['a']} -> v{cmp.b} {c['b']}: {c['verdict']}" for d, c in sorted(cmp.context.items())]
     for label, only in ((cmp.a, cmp.only_a), (cmp.b, cmp.only_b)):
         if only:
             lines.append(f"only in v{label} (not compared): {', '.join(only)}")

@@ -9,6 +9,8 @@ Per-domain rule, so a model that gains on average but breaks one domain is held 
   run. Domains without samples (versions registered before samples were logged) fall back to
   the bare threshold;
 - the mean over domains must improve by more than ``min_improvement``;
+- a long-context domain must not lose effective context length: the candidate's bootstrap interval
+  lying wholly below the champion's blocks promotion (``temper.registry.effective_context``);
 - with no champion, the candidate passes if it clears ``min_reward`` on every domain.
 A tie (improvement not above ``min_improvement``) keeps the champion: churn costs more than it buys.
 """
@@ -20,6 +22,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 Samples = list[tuple[str, float | None]]  # (eval record id, reward), as in temper.registry.samples
+Curve = list[tuple[int, float | None]]  # (prompt tokens, reward), long-context domains only
 
 
 class PromotionPolicy(BaseModel):
@@ -50,6 +53,24 @@ class GateDecision(BaseModel):
     p_values: dict[str, float] = Field(default_factory=dict,
                                        description="One-sided bootstrap p-value of a drop, per tested domain.")
     regressed: list[str] = Field(default_factory=list)
+    context: dict[str, str] = Field(default_factory=dict,
+                                    description="Effective context length per long-context domain: candidate vs champion.")
+    lost_context: list[str] = Field(default_factory=list)
+
+
+def context_losses(candidate: dict[str, Curve], champion: dict[str, Curve], policy: "PromotionPolicy"
+                   ) -> tuple[list[str], dict[str, str]]:
+    """(long-context domains whose effective length the candidate lost beyond doubt, a line per domain)."""
+    # lazy: scipy (800 ms), via effective_context, would load at every `temper` start-up (see regressions)
+    from temper.registry.effective_context import effective_context, lost_context
+
+    lost, lines = [], {}
+    for d in sorted(set(candidate) & set(champion)):
+        ours, theirs = (effective_context(c, seed=policy.seed) for c in (candidate[d], champion[d]))
+        lines[d] = f"{ours.describe()} vs champion {theirs.describe()}"
+        if lost_context(ours, theirs):
+            lost.append(d)
+    return lost, lines
 
 
 def regressions(deltas: dict[str, float], candidate_samples: dict[str, Samples], champion_samples: dict[str, Samples],
@@ -79,9 +100,12 @@ def regressions(deltas: dict[str, float], candidate_samples: dict[str, Samples],
 
 def decide(candidate: dict[str, float], champion: dict[str, float] | None, policy: PromotionPolicy,
            candidate_samples: dict[str, Samples] | None = None,
-           champion_samples: dict[str, Samples] | None = None) -> GateDecision:
+           champion_samples: dict[str, Samples] | None = None,
+           candidate_curves: dict[str, Curve] | None = None,
+           champion_curves: dict[str, Curve] | None = None) -> GateDecision:
     """``candidate`` / ``champion``: domain -> mean reward on the same eval suite; ``*_samples``:
-    domain -> per-sample (id, reward), for the significance test (optional, per domain)."""
+    domain -> per-sample (id, reward), for the significance test (optional, per domain); ``*_curves``:
+    domain -> (prompt tokens, reward) of long-context domains, for the effective context length."""
     if not candidate:
         return GateDecision(passed=False, reason="no eval results for the candidate")
     if champion is None:
@@ -96,7 +120,8 @@ def decide(candidate: dict[str, float], champion: dict[str, float] | None, polic
         return GateDecision(passed=False, reason="candidate and champion share no evaluated domain")
     deltas = {d: candidate[d] - champion[d] for d in common}
     regressed, p_values = regressions(deltas, candidate_samples or {}, champion_samples or {}, policy)
-    base = dict(deltas=deltas, p_values=p_values, regressed=regressed)
+    lost, context = context_losses(candidate_curves or {}, champion_curves or {}, policy)
+    base = dict(deltas=deltas, p_values=p_values, regressed=regressed, context=context, lost_context=lost)
     if regressed:
         worst = regressed[0]
         why = f" (p={p_values[worst]:.2g}, {policy.correction}-corrected over {len(p_values)} domain(s))" \
@@ -104,6 +129,9 @@ def decide(candidate: dict[str, float], champion: dict[str, float] | None, polic
         more = f"; {len(regressed) - 1} more domain(s) regressed" if len(regressed) > 1 else ""
         return GateDecision(passed=False, **base, reason=f"{worst} regressed by {-deltas[worst]:.3f} "
                                                          f"(> max_regression {policy.max_regression}){why}{more}")
+    if lost:
+        more = f"; {len(lost) - 1} more domain(s) lost context" if len(lost) > 1 else ""
+        return GateDecision(passed=False, **base, reason=f"{lost[0]} lost effective context: {context[lost[0]]}{more}")
     mean_delta = sum(deltas.values()) / len(deltas)
     if mean_delta <= policy.min_improvement:
         return GateDecision(passed=False, **base, reason=f"mean improvement {mean_delta:+.3f} does not exceed "

@@ -13,7 +13,7 @@ from typing import Any
 from temper.core.errors import TrackingError
 from temper.registry.aliases import record_flow_alias
 from temper.registry.gate import GateDecision
-from temper.registry.samples import Samples, eval_samples, version_samples
+from temper.registry.samples import Samples, eval_curve, eval_samples, version_curves, version_samples
 from temper.registry.store import aliases_of, client, mlflow_message, registered_model, version_of
 from temper.registry.tags import eval_tags, mean_rewards
 
@@ -40,6 +40,22 @@ def champion_metrics(model_name: str, alias: str = "champion") -> tuple[str | No
 def champion_samples(model_name: str, version: str | None) -> dict[str, Samples]:
     """Per-sample eval rewards of a version (its candidate evals), for the gate; {} without a version."""
     return version_samples(client().get_model_version(model_name, version)) if version else {}
+
+
+def champion_curves(model_name: str, version: str | None) -> dict[str, list]:
+    """(prompt tokens, reward) per sample of a version's long-context domains, for the gate; {} without one."""
+    return version_curves(client().get_model_version(model_name, version)) if version else {}
+
+
+def run_curves(results: list[dict[str, Any]]) -> dict[str, list]:
+    """domain -> (prompt tokens, reward) of the long-context domains among eval results with a run id."""
+    out = {}
+    for r in results:
+        if r.get("run_id") and r.get("long_context"):
+            curve = eval_curve(r["run_id"], r["domain"])
+            if curve:
+                out[r["domain"]] = curve
+    return out
 
 
 def run_samples(results: list[dict[str, Any]]) -> dict[str, Samples]:

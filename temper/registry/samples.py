@@ -19,17 +19,19 @@ LIFECYCLE_RUN_TAG = "temper.lifecycle_run"
 STAGE_TAG = "temper.stage"
 DOMAIN_TAG = "temper.domain"
 LABEL_TAG = "temper.eval.label"  # 'base' or 'candidate': which model of the lifecycle an eval run scored
+CONTEXT_TAG = "temper.eval.context_curve"  # 'true' on eval runs whose samples carry their prompt lengths
 VERSION_LABEL = "candidate"  # the label of the evals that belong to the registered version
 
 Samples = list[tuple[str, float | None]]
 
 
-def log_eval_samples(domain: str, rewards: Samples) -> str:
+def log_eval_samples(domain: str, rewards: Samples, tokens: list[int] | None = None) -> str:
     """Log per-sample rewards of one domain's eval to the active MLflow run; returns the artifact path.
 
     One JSON object per line, ``{"id": ..., "reward": ...}`` (reward ``null`` = not scored),
-    at ``eval/<domain>.jsonl``. Mean reward and pass rate on the version are summaries; these
-    samples are what ``temper models compare`` and the gate bootstrap their intervals from.
+    at ``eval/<domain>.jsonl``, plus ``"tokens"`` (the prompt's length) for long-context domains.
+    Mean reward and pass rate on the version are summaries; these samples are what ``temper models
+    compare`` and the gate bootstrap their intervals (and effective context lengths) from.
     """
     # lazy: mlflow (1.6 s) would load in fast unit tests (test_domain_roles.py)
     import mlflow
@@ -37,7 +39,8 @@ def log_eval_samples(domain: str, rewards: Samples) -> str:
     if mlflow.active_run() is None:
         raise TrackingError(f"log_eval_samples({domain!r}): no active MLflow run to log to")
     path = EVAL_SAMPLES_ARTIFACT.format(domain=domain)
-    lines = [json.dumps({"id": str(sample_id), "reward": None if r is None else float(r)}) for sample_id, r in rewards]
+    lines = [json.dumps({"id": str(sample_id), "reward": None if r is None else float(r)}
+                        | ({"tokens": int(tokens[i])} if tokens else {})) for i, (sample_id, r) in enumerate(rewards)]
     mlflow.log_text("\n".join(lines) + ("\n" if lines else ""), path)
     return path
 
@@ -52,8 +55,18 @@ def parse_eval_samples(text: str) -> Samples:
     return out
 
 
-def eval_samples(run_id: str, domain: str) -> Samples | None:
-    """Per-sample rewards of ``domain`` logged on run ``run_id``; None when that run has none."""
+def parse_context_curve(text: str) -> list[tuple[int, float | None]]:
+    """(prompt tokens, reward) of the samples that carry their length; [] for an ordinary domain."""
+    out = []
+    for line in text.splitlines():
+        if line.strip():
+            obj = json.loads(line)
+            if "tokens" in obj:
+                out.append((int(obj["tokens"]), None if obj.get("reward") is None else float(obj["reward"])))
+    return out
+
+
+def _samples_text(run_id: str, domain: str) -> str | None:
     # lazy: mlflow (1.6 s) would load in fast unit tests (test_domain_roles.py)
     import mlflow
     from mlflow.exceptions import MlflowException
@@ -63,9 +76,21 @@ def eval_samples(run_id: str, domain: str) -> Samples | None:
         present = {a.path for a in client().list_artifacts(run_id, path.rsplit("/", 1)[0])}
         if path not in present:
             return None
-        return parse_eval_samples(mlflow.artifacts.load_text(f"runs:/{run_id}/{path}"))
+        return mlflow.artifacts.load_text(f"runs:/{run_id}/{path}")
     except MlflowException as e:
         raise TrackingError(f"cannot read {path} of run {run_id}: {mlflow_message(e)}") from None
+
+
+def eval_samples(run_id: str, domain: str) -> Samples | None:
+    """Per-sample rewards of ``domain`` logged on run ``run_id``; None when that run has none."""
+    text = _samples_text(run_id, domain)
+    return None if text is None else parse_eval_samples(text)
+
+
+def eval_curve(run_id: str, domain: str) -> list[tuple[int, float | None]] | None:
+    """(prompt tokens, reward) per sample of a long-context domain's eval run; None for any other run."""
+    text = _samples_text(run_id, domain)
+    return (parse_context_curve(text) or None) if text is not None else None
 
 
 def lifecycle_run_id(mv: Any) -> str | None:
@@ -90,24 +115,40 @@ def is_version_eval(tags: dict[str, str]) -> bool:
     return tags.get(STAGE_TAG) == "eval" and tags.get(LABEL_TAG, VERSION_LABEL) == VERSION_LABEL
 
 
+def _version_evals(mv: Any, only_curves: bool = False):
+    """(eval run id, domain) of each candidate eval of the version's lifecycle run."""
+    lifecycle = lifecycle_run_id(mv)
+    if not lifecycle:
+        return
+    for run in stage_runs(lifecycle):
+        if not is_version_eval(run.data.tags) or (only_curves and run.data.tags.get(CONTEXT_TAG) != "true"):
+            continue
+        domains = [run.data.tags[DOMAIN_TAG]] if run.data.tags.get(DOMAIN_TAG) else \
+            [a.path.removeprefix("eval/").removesuffix(".jsonl")
+             for a in client().list_artifacts(run.info.run_id, "eval") if a.path.endswith(".jsonl")]
+        for d in domains:
+            yield run.info.run_id, d
+
+
 def version_samples(mv: Any) -> dict[str, Samples]:
     """domain -> per-sample rewards of the version, from the candidate eval runs of its lifecycle run.
 
     Each eval run may hold one or more ``eval/<domain>.jsonl``. A version without a lifecycle
     run has no samples.
     """
-    lifecycle = lifecycle_run_id(mv)
-    if not lifecycle:
-        return {}
     out: dict[str, Samples] = {}
-    for run in stage_runs(lifecycle):
-        if not is_version_eval(run.data.tags):
-            continue
-        domains = [run.data.tags[DOMAIN_TAG]] if run.data.tags.get(DOMAIN_TAG) else \
-            [a.path.removeprefix("eval/").removesuffix(".jsonl")
-             for a in client().list_artifacts(run.info.run_id, "eval") if a.path.endswith(".jsonl")]
-        for d in domains:
-            samples = eval_samples(run.info.run_id, d)
-            if samples is not None:
-                out[d] = samples
+    for run_id, d in _version_evals(mv):
+        samples = eval_samples(run_id, d)
+        if samples is not None:
+            out[d] = samples
+    return out
+
+
+def version_curves(mv: Any) -> dict[str, list[tuple[int, float | None]]]:
+    """domain -> (prompt tokens, reward) per sample, for the version's long-context domains only."""
+    out = {}
+    for run_id, d in _version_evals(mv, only_curves=True):
+        curve = eval_curve(run_id, d)
+        if curve:
+            out[d] = curve
     return out

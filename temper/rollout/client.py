@@ -19,7 +19,7 @@ import threading
 from dataclasses import dataclass
 from typing import Any
 
-from openai import OpenAI
+from openai import APIStatusError, OpenAI
 
 from temper.rollout.config import RolloutSettings
 from temper.rollout.engine import Engine
@@ -63,12 +63,21 @@ class RolloutClient:
 
     def generate(self, prompts: list[str] | list[list[int]], max_tokens: int = 256, temperature: float = 1.0, *,
                  n: int = 1, top_p: float = 1.0, stop: list[str] | None = None, seed: int | None = None,
-                 logprobs: bool = False, return_token_ids: bool = False) -> list[list[Completion]]:
+                 logprobs: bool = False, return_token_ids: bool = False,
+                 skip_too_long: bool = False) -> list[list[Completion]]:
         """``n`` completions per prompt (text or token ids), in prompt order; up to ``settings.concurrency``
-        requests in flight."""
-        return self._map(lambda p: self.complete(p, max_tokens=max_tokens, temperature=temperature, n=n, top_p=top_p,
-                                                 stop=stop, seed=seed, logprobs=logprobs,
-                                                 return_token_ids=return_token_ids), prompts)
+        requests in flight. ``skip_too_long``: a prompt the server refuses as longer than its context
+        gets ``[]`` instead of failing the batch (long-context evals send such prompts on purpose)."""
+        def one(p):
+            try:
+                return self.complete(p, max_tokens=max_tokens, temperature=temperature, n=n, top_p=top_p, stop=stop,
+                                     seed=seed, logprobs=logprobs, return_token_ids=return_token_ids)
+            except APIStatusError as e:
+                if skip_too_long and too_long(e):
+                    return []
+                raise
+
+        return self._map(one, prompts)
 
     def chat_one(self, messages: list[dict[str, str]], *, max_tokens: int, temperature: float, n: int = 1,
                  top_p: float = 1.0, stop: list[str] | None = None, seed: int | None = None) -> list[Completion]:
@@ -101,6 +110,12 @@ class RolloutClient:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+def too_long(error: APIStatusError) -> bool:
+    """The server refused the prompt as longer than its context: the embedded engine answers 413
+    (``PromptTooLong``), vLLM 400 with "maximum context length" in the message."""
+    return error.status_code == 413 or (error.status_code == 400 and "maximum context length" in str(error.message))
 
 
 def _choices(response, text_of, logprobs_of=lambda c: None) -> list[Completion]:
