@@ -99,8 +99,8 @@ def main() -> int:
     accuracy_by_length(args.model or str(tiny), per_cell)
 
     # a random model with positions for the longest prompt: speeds and memory are real, answers are not
-    wide = init_tiny(root / "wide", hidden=128, layers=4, heads=4, max_positions=max(LENGTHS) + 128)
-    print(f"\n2. TTFT of a request sharing a document with an earlier one (median of {repeats}; 128x4 random model)")
+    wide = init_tiny(root / "wide", hidden=256, layers=4, heads=8, max_positions=max(LENGTHS) + 128)
+    print(f"\n2. TTFT of a request sharing a document with an earlier one (median of {repeats}; 256x4 random model)")
     print("  tokens   no cache   prefix cache   speed-up")
     for n, off, on in ttft_by_length(wide, repeats):
         print(f"  {n:6d}   {off * 1000:7.1f} ms   {on * 1000:9.1f} ms   {off / on:6.1f}x")
