@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 # The CPU torch wheel lives on local disk on this kind of machine; elsewhere pip uses the index.
 FIND_LINKS := $(if $(wildcard /opt/wheels),--find-links /opt/wheels,)
 
-.PHONY: demo test test-fast test-unit test-integration system-deps bench clean realistic
+.PHONY: demo test test-fast test-unit test-integration system-deps bench clean realistic image
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -47,3 +47,9 @@ bench: $(STAMP)
 
 clean:
 	rm -rf .temper
+
+# The workload image (docker/Dockerfile), built with podman on a base made from Debian's packages, so no
+# image registry is needed; tagged by the hash of its inputs, so an unchanged tree is not rebuilt.
+# Needs root and podman/runc/debootstrap (apt-get install -y podman runc debootstrap).
+image:
+	bash scripts/build-image.sh

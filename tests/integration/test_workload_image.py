@@ -1,0 +1,54 @@
+"""The workload image (`make image`: docker/Dockerfile built with podman on a Debian-packages base) runs the
+eval workload as the manifests do: uid 1000, read-only root filesystem, only /tmp writable, no network;
+its per-sample rewards equal the same eval run on the host.
+
+Skipped when podman or the image is missing (building it cold takes ~10 minutes): `make image` first.
+"""
+
+import json
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+IMAGE = "localhost/temper-workload:latest"
+pytestmark = pytest.mark.slow
+
+
+def _podman(*args: str, **kw) -> subprocess.CompletedProcess:
+    env = {**os.environ, "CONTAINERS_CONF": os.environ.get("CONTAINERS_CONF", str(REPO / "docker" / "containers.conf"))}
+    return subprocess.run(["podman", "--runtime", "runc", *args], capture_output=True, text=True, env=env, **kw)
+
+
+@pytest.fixture(scope="module")
+def image():
+    if shutil.which("podman") is None or _podman("image", "exists", IMAGE).returncode != 0:
+        pytest.skip(f"no podman or no {IMAGE}: run `make image` first")
+    return IMAGE
+
+
+def test_the_image_runs_the_eval_workload_read_only_as_uid_1000_and_scores_as_the_host(image, temper_home, tmp_path):
+    from temper.cli import main
+    from temper.training.tiny import init_tiny
+    from workloads.evaluate import evaluate_domain
+
+    assert main(["data", "generate", "--domain", "arithmetic"]) == 0
+    model = init_tiny(tmp_path / "tiny")
+    host = evaluate_domain(str(model), "arithmetic", limit=8, max_new_tokens=6)
+    # the pod runs as uid 1000; safetensors and atomic writes leave files 0600 to their (root) writer
+    subprocess.run(["chmod", "-R", "a+rX", str(model), str(temper_home)], check=True)
+    run = _podman("run", "--rm", "--read-only", "--tmpfs", "/tmp:rw,size=256m", "--network", "none",
+                  "-v", f"{temper_home}:/data/home:ro", "-v", f"{model}:/data/tiny:ro",
+                  "-e", "TEMPER_HOME=/data/home", "-e", "TEMPER_CATALOG_DIR=/app/domains", image, "sh", "-c",
+                  "id -u && touch /app/x 2>/dev/null; echo root-writable=$? && python -m workloads.evaluate "
+                  "--model /data/tiny --domain arithmetic --limit 8 --max-new-tokens 6 --out /tmp/out "
+                  ">/dev/null && cat /tmp/out/arithmetic.json", timeout=600)
+    assert run.returncode == 0, run.stderr[-2000:]
+    uid, writable, result = run.stdout.splitlines()[:3]
+    assert uid == "1000" and writable == "root-writable=1"  # the root filesystem refused the write
+    inside = json.loads(result)
+    assert inside["ids"] == host.ids and inside["rewards"] == host.rewards
+    assert [s["completion"] for s in inside["samples"]] == [s["completion"] for s in host.samples]
