@@ -4,6 +4,7 @@
 # rest from the local package mirror when the machine has them (else from the indexes pip reaches).
 # The image is tagged by the hash of everything that goes into it, so an unchanged tree is not rebuilt.
 #   scripts/build-image.sh            -> prints the image reference (localhost/temper-workload:<hash>)
+#   scripts/build-image.sh --tag      -> prints the reference this tree's image has, without building
 # Needs root (podman, debootstrap): `make image` runs it.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -16,6 +17,7 @@ export CONTAINERS_CONF="${CONTAINERS_CONF:-$PWD/docker/containers.conf}"
 PODMAN=(podman --runtime runc)
 
 if ! "${PODMAN[@]}" image exists "$BASE"; then
+  if [ "${1:-}" = "--tag" ]; then echo "no base image $BASE: run scripts/build-image.sh" >&2; exit 1; fi
   root=$(mktemp -d /var/tmp/debian-min.XXXX)
   echo "building the base $BASE with debootstrap (minbase bookworm)" >&2
   debootstrap --variant=minbase bookworm "$root" >&2
@@ -31,6 +33,7 @@ inputs=$( { "${PODMAN[@]}" image inspect --format '{{.Id}}' "$BASE"; \
             git diff HEAD -- temper infra workloads data_contracts flows tasks configs domains docker pyproject.toml; \
             ls /opt/wheels 2>/dev/null || true; } | sha256sum | cut -c1-12)
 IMAGE="$NAME:$inputs"
+if [ "${1:-}" = "--tag" ]; then echo "$IMAGE"; exit 0; fi
 if "${PODMAN[@]}" image exists "$IMAGE"; then
   echo "$IMAGE is built (inputs unchanged)" >&2
   echo "$IMAGE"

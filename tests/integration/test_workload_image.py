@@ -2,7 +2,9 @@
 eval workload as the manifests do: uid 1000, read-only root filesystem, only /tmp writable, no network;
 its per-sample rewards equal the same eval run on the host.
 
-Skipped when podman or the image is missing (building it cold takes ~10 minutes): `make image` first.
+The image is this tree's own (its tag is the hash of its inputs, `scripts/build-image.sh --tag`), so a
+stale image never stands in for the code under test. Skipped when podman or this tree's image is missing
+(building it cold takes ~10 minutes, warm a minute or two): `make image` first.
 """
 
 import json
@@ -14,7 +16,6 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[2]
-IMAGE = "localhost/temper-workload:latest"
 pytestmark = pytest.mark.slow
 
 
@@ -25,9 +26,12 @@ def _podman(*args: str, **kw) -> subprocess.CompletedProcess:
 
 @pytest.fixture(scope="module")
 def image():
-    if shutil.which("podman") is None or _podman("image", "exists", IMAGE).returncode != 0:
-        pytest.skip(f"no podman or no {IMAGE}: run `make image` first")
-    return IMAGE
+    if shutil.which("podman") is None:
+        pytest.skip("no podman: `make image` needs it")
+    tag = subprocess.run(["bash", str(REPO / "scripts" / "build-image.sh"), "--tag"], capture_output=True, text=True)
+    if tag.returncode != 0 or _podman("image", "exists", tag.stdout.strip()).returncode != 0:
+        pytest.skip(f"this tree's image {tag.stdout.strip() or '(no base image)'} is not built: run `make image` first")
+    return tag.stdout.strip()
 
 
 def test_the_image_runs_the_eval_workload_read_only_as_uid_1000_and_scores_as_the_host(image, temper_home, tmp_path):
