@@ -35,12 +35,14 @@ import logging
 import time
 from collections.abc import Iterable
 from contextlib import nullcontext
+from pathlib import Path
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import torch
 
 from infra.sandbox import SandboxPool
+from temper.agent import trajectories
 from temper.agent.environment import FAILURE_OUTCOMES, EpisodeEnvironment
 from temper.data.domain import Domain
 from temper.training.engine_rollouts import PolicyEngine
@@ -238,6 +240,7 @@ class MultiTurnRollout:
             if not ep["ids"]:  # an episode that never started: one pad token, masked out
                 ep["ids"], ep["mask"], ep["logprobs"] = [tokenizer.pad_token_id], [0], [0.0]
         self._log(trainer, episodes)
+        self._record(trainer, episodes)
         self.last_episodes = [{k: ep[k] for k in ("domain", "outcome", "turns", "reward", "wall_s", "mask")}
                               | {"trajectory": ep["env"].trajectory} for ep in episodes]
         return {"prompt_ids": [ep["prompt_ids"] for ep in episodes],
@@ -323,6 +326,17 @@ class MultiTurnRollout:
                 turns[id(ep)] = ids
                 ep["turn_logprobs"] = logprobs
         return [turns[id(ep)] for ep in active]
+
+    def _record(self, trainer, episodes: list[dict[str, Any]]) -> None:
+        """Every episode of this rank's rollout as a trajectory line (``temper replay`` re-executes them)
+        in ``<output_dir>/trajectories/rank<k>.jsonl``."""
+        lines = [trajectories.trajectory(self.domains[ep["domain"]].verifier.params.get("env", "files"),
+                                         ep["env"].limits, ep["record"], ep["env"], ep["reward"], ep["domain"],
+                                         step=trainer.state.global_step, rank=trainer.accelerator.process_index)
+                 for ep in episodes if ep["domain"] is not None and isinstance(ep["env"], EpisodeEnvironment)]
+        if lines:
+            trajectories.write(Path(trainer.args.output_dir) / "trajectories" /
+                               f"rank{trainer.accelerator.process_index}.jsonl", lines)
 
     # -- metrics ------------------------------------------------------------------------------------------
     def _log(self, trainer, episodes: list[dict[str, Any]]) -> None:
