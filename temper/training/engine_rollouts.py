@@ -28,6 +28,10 @@ rank copies them into its own engine model, and the shards are released at the e
 Generation itself is then local to the rank (no collective), so ranks whose episodes take
 different numbers of turns never wait on each other.
 
+Precision: the engine samples with the policy's parameter dtype (fp32 in temper's runs). A
+trainer under bf16 autocast recomputes its log-probabilities in bf16, which differ from any fp32
+sampler's by ~1e-3 nats per token: parity to 1e-4 is a property of fp32 training.
+
 Cost: one more full copy of the weights per rank, plus the engine's KV cache; the sync is one
 read of every parameter per step (ZeRO-3: one all-gather of each).
 """
