@@ -34,9 +34,9 @@ import json
 import logging
 import time
 from collections.abc import Iterable
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import nullcontext
 from pathlib import Path
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import torch
