@@ -166,7 +166,7 @@ def test_two_rank_zero3_run_gathers_the_full_weights_into_each_ranks_engine_ever
     config = tmp_path / "engine.yaml"
     config.write_text(yaml.safe_dump(nest_stage_fields({
         "run_name": "engine", "mode": "grpo", "domains": ["arithmetic"], "output_dir": str(out), "tracking": False,
-        "save_steps": 1000, "seed": 0, "base_model": str(tmp_path / "tiny"), "max_steps": 3, "export": False,
+        "save_steps": 1000, "seed": 0, "base_model": str(tmp_path / "tiny"), "max_steps": 2, "export": False,
         "per_device_batch_size": 2, "num_generations": 2, "max_completion_length": 12, "learning_rate": 1e-2,
         "generation": "engine"})))
     job = training_job(str(config), "grpo")
@@ -178,8 +178,8 @@ def test_two_rank_zero3_run_gathers_the_full_weights_into_each_ranks_engine_ever
     assert status == 0, "\n".join(lines[-60:])
     for rank in (0, 1):
         rows = [json.loads(x) for x in (out / f"parity-rank{rank}.jsonl").read_text().splitlines()]
-        assert [r["step"] for r in rows] == [0, 1, 2] and [r["syncs"] for r in rows] == [1, 2, 3]
+        assert [r["step"] for r in rows] == [0, 1] and [r["syncs"] for r in rows] == [1, 2]
         assert all(r["tokens"] > 0 for r in rows)
         assert max(r["max_gap"] for r in rows) < TOLERANCE, rows
     steps = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
-    assert [r["grad_norm"] > 0 for r in steps if "loss" in r] == [True] * 3  # the weights really moved
+    assert [r["grad_norm"] > 0 for r in steps if "loss" in r] == [True] * 2  # the weights really moved
