@@ -25,6 +25,7 @@ COMMAND_GROUPS = (
     "train",
     "sandbox",
     "verify",
+    "replay",
     "serve",
     "k8s",
 )

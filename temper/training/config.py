@@ -32,6 +32,9 @@ class TrainingError(TemperError):
 # domain -> sampling weight; a weight of 0 would silently drop a domain, so it must be > 0.
 MixingWeights = dict[str, Annotated[float, Field(gt=0)]]
 
+# where GRPO samples its rollouts (GRPOSettings.generation)
+Generation = Literal["trainer", "engine", "vllm"]
+
 Scheduler = Literal["constant", "constant_with_warmup", "linear", "cosine", "cosine_with_restarts", "polynomial",
                     "inverse_sqrt"]
 
@@ -109,6 +112,37 @@ class GRPOSettings(StageSettings):
     beta: float = Field(default=0.0, ge=0, description="KL coefficient against the reference model (0 = no ref model).")
     curriculum: CurriculumSettings = Field(default_factory=CurriculumSettings,
                                            description="Online domain curriculum by recent pass rate (off by default).")
+    generation: Generation = Field(
+        default="trainer",
+        description="Where rollouts are sampled. 'trainer': TRL's own generate with the gathered weights. "
+        "'engine': the embedded rollout engine in each rank's process (prefix-shared KV of a group's prompt, "
+        "chunked prefill), its copy of the weights synced from the policy after every optimizer step "
+        "(temper.training.engine_rollouts). 'vllm': a TRL vLLM server (`trl vllm-serve`) at vllm_server_url, "
+        "weights pushed by TRL after every step; single-turn domains only, needs a GPU server, untested here.")
+    vllm_server_url: str | None = Field(default=None, description="generation 'vllm': base URL of the "
+                                        "`trl vllm-serve` server, e.g. http://vllm:8000.")
+
+    @model_validator(mode="after")
+    def _check_generation(self) -> "GRPOSettings":
+        if self.generation == "vllm" and not self.vllm_server_url:
+            raise ValueError("generation 'vllm' needs vllm_server_url (the `trl vllm-serve` server, "
+                             "e.g. http://vllm:8000)")
+        if self.generation != "vllm" and self.vllm_server_url:
+            raise ValueError(f"vllm_server_url is set but generation is {self.generation!r}: set generation: vllm "
+                             "or remove it")
+        return self
+
+    def trl_generation_kwargs(self) -> dict:
+        """The GRPOConfig options of ``generation`` (the engine needs none: it is the rollout_func).
+
+        'vllm' is TRL's own server mode, which pushes the weights to the server after every optimizer
+        step (``VLLMGeneration.sync_weights``: gathered under ZeRO-3, broadcast over NCCL, the server's
+        prefix cache reset). Written to TRL 1.16's documented options; it needs a GPU vLLM server
+        (`trl vllm-serve`), so it has not run here.
+        """
+        if self.generation != "vllm":
+            return {}
+        return {"use_vllm": True, "vllm_mode": "server", "vllm_server_base_url": self.vllm_server_url}
 
 
 def check_grpo_batch(grpo: GRPOSettings, world_size: int, where: str = "grpo") -> None:

@@ -18,6 +18,11 @@ episode is generated locally (``synced_gpus=False``), so ranks whose episodes ta
 numbers of turns never wait on each other: the only collective is the fixed-size gather of the
 episode statistics at the end, which every rank makes exactly once.
 
+With ``grpo.generation: engine`` the turns are sampled by the embedded rollout engine instead
+(``temper.training.engine_rollouts``: its own copy of the weights, synced after every optimizer
+step), single-turn runs included: episodes whose contexts are identical (a group's first turn) go
+as one request of ``n`` samples, and the sampled tokens' log-probabilities go back to TRL.
+
 TRL passes ``rollout_func`` the prompts only, so the task of a prompt is looked up by its text
 (``tasks``: prompt -> (domain, record), built from the run's materialised stream); two rows with
 the same prompt text are the same task.
@@ -30,13 +35,17 @@ import logging
 import time
 from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import nullcontext
+from pathlib import Path
 from typing import Any
 
 import torch
 
 from infra.sandbox import SandboxPool
+from temper.agent import trajectories
 from temper.agent.environment import FAILURE_OUTCOMES, EpisodeEnvironment
 from temper.data.domain import Domain
+from temper.training.engine_rollouts import PolicyEngine
 from temper.verifiers.registry import get_verifier
 
 log = logging.getLogger(__name__)
@@ -81,11 +90,19 @@ class OneTurn:
         return None
 
 
-def rollout_for(domains: Iterable[Domain], rows: Iterable[dict[str, Any]]) -> "MultiTurnRollout | None":
-    """The ``rollout_func`` of a GRPO run: None when no domain of the run is multi-step (TRL's own
-    generation then), else one rollout for all of its samples (single-turn ones get one turn)."""
+def rollout_for(domains: Iterable[Domain], rows: Iterable[dict[str, Any]],
+                generation: str = "trainer") -> "MultiTurnRollout | None":
+    """The ``rollout_func`` of a GRPO run: None when TRL generates itself (no multi-step domain, and
+    generation 'trainer' or 'vllm'), else one rollout for all of its samples (single-turn ones get
+    one turn), sampled by the trainer's model or, with generation 'engine', the embedded engine."""
     domains = list(domains)
-    return MultiTurnRollout(domains, rows) if any(is_multiturn(d) for d in domains) else None
+    multi = any(is_multiturn(d) for d in domains)
+    if generation == "vllm" and multi:
+        raise ValueError("grpo.generation 'vllm' supports single-turn domains only; multi-step domains "
+                         f"({', '.join(d.name for d in domains if is_multiturn(d))}) need 'trainer' or 'engine'")
+    if generation == "engine" or multi:
+        return MultiTurnRollout(domains, rows, engine=generation == "engine")
+    return None
 
 
 class MultiTurnRollout:
@@ -93,17 +110,22 @@ class MultiTurnRollout:
 
     ``max_turn_tokens``: new tokens per model turn; the whole episode (turns and observations)
     stays within the trainer's ``max_completion_length``: an episode that would not fit another
-    turn ends with outcome ``max_tokens`` (reward 0).
+    turn ends with outcome ``max_tokens`` (reward 0). ``engine``: sample through a ``PolicyEngine``
+    (built at the first rollout, weights synced every step; ``engine_sync=False`` only for the test
+    that shows parity needs the sync).
     """
 
     __name__ = "multiturn_rollout"
 
     def __init__(self, domains: Iterable[Domain], rows: Iterable[dict[str, Any]], max_turn_tokens: int = 64,
-                 environment_kwargs: dict[str, Any] | None = None) -> None:
+                 environment_kwargs: dict[str, Any] | None = None, engine: bool = False,
+                 engine_sync: bool = True) -> None:
         domains = list(domains)
         self.domains = {d.name: d for d in domains if is_multiturn(d)}
-        if not self.domains:
+        if not self.domains and not engine:
             raise ValueError("multi-turn rollout: no domain with verifier family 'episode'")
+        self.use_engine, self.engine_sync = engine, engine_sync
+        self.engine: PolicyEngine | None = None
         self.verifiers = {n: get_verifier(d.verifier.family, d.verifier.params) for n, d in self.domains.items()}
         self.names = sorted(self.domains)
         self.turn_tokens = {n: int(d.verifier.params.get("turn_tokens", max_turn_tokens))
@@ -142,7 +164,11 @@ class MultiTurnRollout:
         # lazy: trl (200 ms) would load in fast unit tests (test_domain_roles.py imports training.run)
         from trl.models.utils import unwrap_model_for_generation
 
-        if not trainer.args.ds3_gather_for_generation and trainer.accelerator.num_processes > 1:
+        if self.use_engine:
+            if self.engine is None:
+                self.engine = PolicyEngine(trainer, sync=self.engine_sync)
+            self.engine.ensure_current()  # after every optimizer step: the rollout samples the current weights
+        elif not trainer.args.ds3_gather_for_generation and trainer.accelerator.num_processes > 1:
             # without gathered weights every forward is a ZeRO-3 collective, and ranks whose episodes
             # take different numbers of turns would wait on each other forever
             raise ValueError("multi-turn rollouts need ds3_gather_for_generation=True when training on several ranks")
@@ -160,7 +186,7 @@ class MultiTurnRollout:
                 episodes.append(ep)
                 continue
             name, record = self.tasks[key]
-            env: EpisodeEnvironment = self.verifiers[name].environment(**self._environment_kwargs(name, prompts))
+            env = self._environment(name, prompts)
             ep = {"index": len(episodes), "domain": name, "env": env, "cap": self.turn_tokens[name], "record": record,
                   "prompt_ids": self._prompt_ids(tokenizer, prompt), "ids": [], "mask": [], "t0": time.monotonic()}
             episodes.append(ep)
@@ -168,10 +194,12 @@ class MultiTurnRollout:
         # sandbox calls, so they run side by side in threads
         self._each(self._reset, [ep for ep in episodes if ep["domain"] is not None])
 
-        with (unwrap_model_for_generation(trainer.model_wrapped, trainer.accelerator,
-                                          gather_deepspeed3_params=trainer.args.ds3_gather_for_generation,
-                                          generation_kwargs=trainer.generation_kwargs) as model,
-              torch.no_grad()):
+        for ep in episodes:
+            ep["logprobs"], ep["scored"] = [], True
+        generator = nullcontext() if self.use_engine else unwrap_model_for_generation(
+            trainer.model_wrapped, trainer.accelerator, gather_deepspeed3_params=trainer.args.ds3_gather_for_generation,
+            generation_kwargs=trainer.generation_kwargs)
+        with generator as model, torch.no_grad():
             while active := [ep for ep in episodes if not ep["env"].finished]:
                 room = [budget - len(ep["ids"]) for ep in active]
                 for ep, r in zip(active, room):
@@ -191,14 +219,18 @@ class MultiTurnRollout:
                 observations = self._each(lambda ep_turn: ep_turn[0]["env"].step(
                     tokenizer.decode(ep_turn[1], skip_special_tokens=True)), list(zip(active, new)))
                 for ep, turn, observation in zip(active, new, observations):
+                    logprobs = ep.pop("turn_logprobs", None)  # the engine's; None: sampled elsewhere
+                    ep["scored"] = ep["scored"] and logprobs is not None
                     ep["ids"] += turn
                     ep["mask"] += [1] * len(turn)
+                    ep["logprobs"] += logprobs if logprobs is not None else [0.0] * len(turn)
                     if ep["env"].finished:
                         continue
                     obs_ids = self._observation_ids(tokenizer, conversational, observation)
                     obs_ids = obs_ids[: max(0, budget - len(ep["ids"]) - 1)]
                     ep["ids"] += obs_ids
                     ep["mask"] += [0] * len(obs_ids)
+                    ep["logprobs"] += [0.0] * len(obs_ids)  # not sampled; masked out of the loss
 
         rewards = self._each(lambda ep: ep["env"].get_reward(), episodes)  # end-state checks; boxes go back
         for ep, reward in zip(episodes, rewards):
@@ -206,13 +238,17 @@ class MultiTurnRollout:
             ep["reward"] = reward
             ep["outcome"], ep["turns"], ep["wall_s"] = env.outcome, env.turns, time.monotonic() - ep["t0"]
             if not ep["ids"]:  # an episode that never started: one pad token, masked out
-                ep["ids"], ep["mask"] = [tokenizer.pad_token_id], [0]
+                ep["ids"], ep["mask"], ep["logprobs"] = [tokenizer.pad_token_id], [0], [0.0]
         self._log(trainer, episodes)
+        self._record(trainer, episodes)
         self.last_episodes = [{k: ep[k] for k in ("domain", "outcome", "turns", "reward", "wall_s", "mask")}
                               | {"trajectory": ep["env"].trajectory} for ep in episodes]
         return {"prompt_ids": [ep["prompt_ids"] for ep in episodes],
                 "completion_ids": [ep["ids"] for ep in episodes],
-                "logprobs": None,
+                # the sampling distribution's log-probability of each token (0 on observations), when the
+                # engine sampled every turn
+                "logprobs": ([ep["logprobs"] for ep in episodes]
+                             if self.use_engine and all(ep["scored"] for ep in episodes) else None),
                 "env_mask": [ep["mask"] for ep in episodes],
                 "episode_reward": [ep["reward"] for ep in episodes],
                 "episode_turns": [ep["turns"] for ep in episodes],
@@ -233,6 +269,10 @@ class MultiTurnRollout:
             log.warning("multi-turn rollout: %s episode could not start: %s", ep["domain"], e)
             ep["env"].outcome = "sandbox_error"
 
+    def _environment(self, name: str, prompts: list) -> EpisodeEnvironment:
+        """A fresh environment for one episode of domain ``name`` (tests substitute scripted ones)."""
+        return self.verifiers[name].environment(**self._environment_kwargs(name, prompts))
+
     def _environment_kwargs(self, name: str, prompts: list) -> dict[str, Any]:
         """A sandboxed domain's episodes share one warm pool with a box per concurrent episode of this
         rank (grown when a rollout holds more), unless the caller gave the domain its own kwargs."""
@@ -251,7 +291,10 @@ class MultiTurnRollout:
     def _generate(self, model, trainer, tokenizer, active: list[dict[str, Any]], max_new: int,
                   eos: set[int]) -> list[list[int]]:
         """One model turn (token ids, ending at the first EOS) for each active episode, sampled locally
-        (no collective: the weights are gathered). Tests override it with scripted turns."""
+        (no collective: the weights are gathered, or the engine has its own). Tests override it with
+        scripted turns."""
+        if self.use_engine:
+            return self._engine_generate(active, max_new)
         inputs = [ep["prompt_ids"] + ep["ids"] for ep in active]
         width = max(len(x) for x in inputs)
         pad = tokenizer.pad_token_id
@@ -270,10 +313,37 @@ class MultiTurnRollout:
             turns.append(turn)
         return turns
 
+    def _engine_generate(self, active: list[dict[str, Any]], max_new: int) -> list[list[int]]:
+        """The turn of each active episode from the engine: episodes with the same context so far (a
+        GRPO group's first turn) share one request of n samples, so the prompt is prefilled once."""
+        groups: dict[tuple[int, ...], list[dict[str, Any]]] = {}
+        for ep in active:
+            groups.setdefault(tuple(ep["prompt_ids"] + ep["ids"]), []).append(ep)
+        samples = self.engine.sample([(list(ctx), len(eps), max_new) for ctx, eps in groups.items()])
+        turns: dict[int, list[int]] = {}
+        for eps, group in zip(groups.values(), samples):
+            for ep, (ids, logprobs) in zip(eps, group):
+                turns[id(ep)] = ids
+                ep["turn_logprobs"] = logprobs
+        return [turns[id(ep)] for ep in active]
+
+    def _record(self, trainer, episodes: list[dict[str, Any]]) -> None:
+        """Every episode of this rank's rollout as a trajectory line (``temper replay`` re-executes them)
+        in ``<output_dir>/trajectories/rank<k>.jsonl``."""
+        lines = [trajectories.trajectory(self.domains[ep["domain"]].verifier.params.get("env", "files"),
+                                         ep["env"].limits, ep["record"], ep["env"], ep["reward"], ep["domain"],
+                                         step=trainer.state.global_step, rank=trainer.accelerator.process_index)
+                 for ep in episodes if ep["domain"] is not None and isinstance(ep["env"], EpisodeEnvironment)]
+        if lines:
+            trajectories.write(Path(trainer.args.output_dir) / "trajectories" /
+                               f"rank{trainer.accelerator.process_index}.jsonl", lines)
+
     # -- metrics ------------------------------------------------------------------------------------------
     def _log(self, trainer, episodes: list[dict[str, Any]]) -> None:
         """Per-domain episode statistics summed over ranks (one fixed-size gather per rollout, same on
         every rank) into TRL's metrics: turns per episode, done/failed/timeout shares, reward, wall time."""
+        if not self.names:  # a single-turn run through the engine: no episode statistics (same on every rank)
+            return
         stats = torch.zeros(len(self.names), len(STAT_FIELDS), dtype=torch.float64)
         for ep in episodes:
             if ep["domain"] is None:

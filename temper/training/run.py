@@ -171,7 +171,7 @@ def _args(cfg: TrainConfig, ds_json: str | None):
 
     return GRPOConfig(num_generations=s.num_generations, max_completion_length=s.max_completion_length,
                       temperature=s.temperature, beta=s.beta, shuffle_dataset=False, log_completions=False,
-                      **common)
+                      **s.trl_generation_kwargs(), **common)
 
 
 def train(cfg: TrainConfig, settings: Settings | None = None) -> dict[str, Any]:
@@ -246,7 +246,7 @@ def train(cfg: TrainConfig, settings: Settings | None = None) -> dict[str, Any]:
 
         rewards = DomainRewards(domains)
         trainer = GRPOTrainer(model=model, args=args, train_dataset=train_ds, reward_funcs=[rewards],
-                              processing_class=tokenizer, rollout_func=rollout_for(domains, train_ds))
+                              processing_class=tokenizer, rollout_func=rollout_for(domains, train_ds, cfg.grpo.generation))
 
     callback = TemperCallback(cfg, settings, digests=digests, uris=uris, frames=frames,
                               sampler_state=lambda step: sampler_state(cfg, domains, frames, stream, step),

@@ -123,6 +123,13 @@ def test_a_short_single_process_run_logs_per_domain_episode_metrics(tiny_model, 
     assert all(h["episodes/ledger_tasks/turns_per_episode"] >= 1 for h in logged)
     assert {"episodes/ledger_tasks/done_rate", "episodes/ledger_tasks/failure_rate",
             "episodes/ledger_tasks/reward", "episodes/ledger_tasks/wall_s"} <= set(logged[0])
+    # every episode was recorded as a trajectory, and a recorded one replays equal
+    from temper.agent import trajectories
+
+    recorded = trajectories.read(tmp_path / "out" / "trajectories" / "rank0.jsonl")
+    assert [t["step"] for t in recorded] == [0, 0, 1, 1]
+    assert {t["outcome"] for t in recorded} == {"done"} and 1.0 in {t["reward"] for t in recorded}
+    assert [trajectories.replay(t).differences for t in recorded] == [[]] * 4
 
 
 class SabotagedRollout(ScriptedRollout):

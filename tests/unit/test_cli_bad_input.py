@@ -128,3 +128,30 @@ def test_a_rubric_asking_for_secrets_reaches_the_judge_as_plain_text(monkeypatch
     text = render_judge_prompt(rubric, ask, ask, reference=ask)
     assert "sk-very-secret" not in text and "__builtins__" not in text
     assert text.count(ask) == 8  # all eight fields verbatim: nothing expanded, nothing evaluated
+
+
+GOOD_TRAJECTORY = ('{"format": "temper.trajectory/1", "env": "ledger", "limits": {}, "record": {}, "turns": [], '
+                   '"outcome": "done"}')
+
+
+@pytest.mark.parametrize("content, message", [
+    (None, "cannot read: No such file or directory"),
+    ("", "no episodes (empty file)"),
+    ("{not json\n", ":1: not JSON (Expecting property name"),
+    ("[1, 2]\n", ":1: expected a JSON object (one episode), got list"),
+    (GOOD_TRAJECTORY.replace('"turns": [], ', ""), ":1: field 'turns' must be a list, got missing"),
+    (GOOD_TRAJECTORY.replace("temper.trajectory/1", "v0"), ":1: format 'v0' is not 'temper.trajectory/1'"),
+    (GOOD_TRAJECTORY.replace('"ledger"', '"shell"'), ":1: unknown env 'shell' (known: files, ledger)"),
+    (GOOD_TRAJECTORY.replace('"limits": {}', '"limits": {"max_turnz": 3}'), ":1: field 'limits': "),
+    (GOOD_TRAJECTORY.replace('"turns": []', '"turns": [{"action": 1}]'),
+     ":1: turns[0] needs string fields 'action' and 'observation'"),
+])
+def test_replay_names_a_bad_trajectory_file_in_one_line(tmp_path, capsys, content, message):
+    from temper.cli import main
+
+    path = tmp_path / "t.jsonl"
+    if content is not None:
+        path.write_text(content)
+    assert main(["replay", str(path)]) == 1
+    err = capsys.readouterr().err.strip()
+    assert message in err and str(path) in err and len(err.splitlines()) == 1, err

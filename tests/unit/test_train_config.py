@@ -175,3 +175,30 @@ def test_curriculum_parameter_reaches_the_trainer_and_bad_values_fail_at_flow_st
     params_file.write_text("grpo:\n  curriculum: {enable: true}\n")  # a typo is not silently ignored
     with pytest.raises(TemperError, match=r"grpo.curriculum.enable"):
         load_params(str(params_file))
+
+
+def test_generation_switch_is_one_field_from_the_form_to_the_trainer():
+    schema = PostTrainingParams.model_json_schema()["$defs"]["GRPOSettings"]["properties"]
+    assert schema["generation"]["default"] == "trainer" and set(schema["generation"]["enum"]) == {"trainer", "engine",
+                                                                                                 "vllm"}
+    with pytest.raises(ValidationError, match="generation 'vllm' needs vllm_server_url"):
+        PostTrainingParams.model_validate({"grpo": {"generation": "vllm"}})
+    with pytest.raises(ValidationError, match="vllm_server_url is set but generation is 'engine'"):
+        GRPOSettings(generation="engine", vllm_server_url="http://v:8000")
+    vllm = GRPOSettings(generation="vllm", vllm_server_url="http://v:8000").trl_generation_kwargs()
+    assert vllm == {"use_vllm": True, "vllm_mode": "server", "vllm_server_base_url": "http://v:8000"}
+    assert GRPOSettings(generation="engine").trl_generation_kwargs() == {}  # the engine is the rollout_func
+
+
+def test_rollout_for_routes_generation_and_refuses_vllm_for_multi_step_domains():
+    from temper.data.catalog import load_catalog
+    from temper.training.multiturn import rollout_for
+
+    catalog = load_catalog(REPO / "domains")
+    single, multi = catalog["arithmetic"], catalog["ledger_tasks"]
+    assert rollout_for([single], [], "trainer") is None and rollout_for([single], [], "vllm") is None
+    engine = rollout_for([single], [], "engine")
+    assert engine.use_engine and engine.names == []
+    assert not rollout_for([single, multi], [], "trainer").use_engine
+    with pytest.raises(ValueError, match="'vllm' supports single-turn domains only; multi-step domains .*ledger_tasks"):
+        rollout_for([single, multi], [], "vllm")

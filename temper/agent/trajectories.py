@@ -1,0 +1,147 @@
+"""Episodes of multi-step domains as trajectories (plain JSONL), and their replay.
+
+One line per episode, a JSON object readable as it is::
+
+    {"format": "temper.trajectory/1", "domain": "ledger_tasks", "env": "ledger",
+     "limits": {"max_turns": 8, "budget_s": 30.0, ...}, "record": {...the dataset record...},
+     "turns": [{"turn": 1, "action": "<call>...</call>", "observation": "{...}", "t": 0.002}, ...,
+               {"turn": 3, "action": "<done/>", "observation": "", "t": 0.004, "outcome": "done"}],
+     "outcome": "done", "reward": 1.0, "wall_s": 0.01, "step": 3, "rank": 0}
+
+``turns[i].t`` is the time since the episode started when the turn's observation came back;
+``step``/``rank`` say which GRPO step and rank sampled it (training writes
+``<output_dir>/trajectories/rank<k>.jsonl``, see ``temper.training.multiturn``).
+
+``replay`` re-executes the recorded actions in a fresh environment of the same kind and limits
+(a fresh sandbox box for ``files``), with the same record as the start state, and re-verifies
+the end state: an episode is *equal* when every turn's observation and ending, the episode's
+outcome and its reward come out the same (timings are not compared). ``temper replay`` is the
+command. Outcomes the environment cannot reproduce from actions alone (``max_tokens``: the
+trainer's token budget; ``budget``: wall-clock) are replayed to the same turns and only the turns
+and reward are compared.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from temper.agent.environment import ENVIRONMENTS, EpisodeEnvironment, EpisodeLimits, make_environment, play
+from temper.core.errors import TemperError
+
+FORMAT = "temper.trajectory/1"
+REQUIRED = {"format": str, "env": str, "limits": dict, "record": dict, "turns": list, "outcome": str}
+EXTERNAL_ENDINGS = ("max_tokens", "budget")  # imposed from outside the environment's actions
+
+
+class TrajectoryError(TemperError):
+    """A trajectory file is unreadable or not in the trajectory format."""
+
+
+def trajectory(env_kind: str, limits: EpisodeLimits, record: dict[str, Any], env: EpisodeEnvironment,
+               reward: float | None, domain: str = "", **extra: Any) -> dict[str, Any]:
+    """The trajectory line of a finished episode of ``env`` (its turns, outcome and timing)."""
+    return {"format": FORMAT, "domain": domain, "env": env_kind, "limits": asdict(limits), "record": record,
+            "turns": [dict(t) for t in env.trajectory], "outcome": env.outcome, "reward": reward,
+            "wall_s": round(env.wall_s, 3), **extra}
+
+
+def record_episode(env_kind: str, record: dict[str, Any], turns: list[str], limits: EpisodeLimits | None = None,
+                   domain: str = "", **env_kwargs: Any) -> dict[str, Any]:
+    """Play scripted model turns (a reference policy, a test) in a fresh environment; its trajectory."""
+    limits = limits or EpisodeLimits()
+    env = make_environment(env_kind, limits, **env_kwargs)
+    try:
+        reward = play(env, record, turns)
+    finally:
+        env.close()
+    return trajectory(env_kind, limits, record, env, reward, domain)
+
+
+def write(path: str | Path, trajectories: list[dict[str, Any]], append: bool = True) -> None:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a" if append else "w") as f:
+        for t in trajectories:
+            f.write(json.dumps(t, default=str) + "\n")
+
+
+def read(path: str | Path) -> list[dict[str, Any]]:
+    """Every episode of a trajectory file, checked; a bad file is one ``TrajectoryError`` line naming
+    the file, the line and the problem."""
+    path = Path(path)
+    try:
+        lines = path.read_text().splitlines()
+    except OSError as e:
+        raise TrajectoryError(f"{path}: cannot read: {e.strerror}") from None
+    except UnicodeDecodeError:
+        raise TrajectoryError(f"{path}: not a text file") from None
+    out = []
+    for n, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except ValueError as e:
+            raise TrajectoryError(f"{path}:{n}: not JSON ({e.msg})") from None
+        if not isinstance(row, dict):
+            raise TrajectoryError(f"{path}:{n}: expected a JSON object (one episode), got {type(row).__name__}")
+        for key, kind in REQUIRED.items():
+            if not isinstance(row.get(key), kind):
+                got = "missing" if key not in row else type(row[key]).__name__
+                raise TrajectoryError(f"{path}:{n}: field {key!r} must be a {kind.__name__}, got {got}")
+        if row["format"] != FORMAT:
+            raise TrajectoryError(f"{path}:{n}: format {row['format']!r} is not {FORMAT!r}")
+        if row["env"] not in ENVIRONMENTS:
+            raise TrajectoryError(f"{path}:{n}: unknown env {row['env']!r} (known: {', '.join(sorted(ENVIRONMENTS))})")
+        try:
+            row["_limits"] = EpisodeLimits(**row["limits"])
+        except TypeError as e:
+            raise TrajectoryError(f"{path}:{n}: field 'limits': {e}") from None
+        for i, turn in enumerate(row["turns"]):
+            if not (isinstance(turn, dict) and isinstance(turn.get("action"), str)
+                    and isinstance(turn.get("observation"), str)):
+                raise TrajectoryError(f"{path}:{n}: turns[{i}] needs string fields 'action' and 'observation'")
+        out.append(row)
+    if not out:
+        raise TrajectoryError(f"{path}: no episodes (empty file)")
+    return out
+
+
+@dataclass
+class ReplayResult:
+    domain: str
+    equal: bool
+    reward: float | None
+    outcome: str
+    differences: list[str] = field(default_factory=list)
+
+
+def _short(text: str, limit: int = 120) -> str:
+    text = json.dumps(text)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def replay(recorded: dict[str, Any], **env_kwargs: Any) -> ReplayResult:
+    """Re-execute a recorded episode's actions in a fresh environment and compare (see the module doc)."""
+    limits = recorded.get("_limits") or EpisodeLimits(**recorded["limits"])
+    actions = [t["action"] for t in recorded["turns"]]
+    again = record_episode(recorded["env"], recorded["record"], actions, limits, recorded.get("domain", ""),
+                           **env_kwargs)
+    diffs = []
+    before, after = recorded["turns"], again["turns"]
+    if len(before) != len(after):
+        diffs.append(f"turns: recorded {len(before)}, replayed {len(after)}")
+    for a, b in zip(before, after):
+        if a["observation"] != b["observation"]:
+            diffs.append(f"turn {a.get('turn', '?')} observation: recorded {_short(a['observation'])}, "
+                         f"replayed {_short(b['observation'])}")
+        if a.get("outcome") != b.get("outcome"):
+            diffs.append(f"turn {a.get('turn', '?')} ending: recorded {a.get('outcome')}, replayed {b.get('outcome')}")
+    if recorded["outcome"] not in EXTERNAL_ENDINGS and recorded["outcome"] != again["outcome"]:
+        diffs.append(f"outcome: recorded {recorded['outcome']}, replayed {again['outcome']}")
+    if recorded.get("reward") != again["reward"]:
+        diffs.append(f"reward: recorded {recorded.get('reward')}, replayed {again['reward']}")
+    return ReplayResult(recorded.get("domain", ""), not diffs, again["reward"], again["outcome"], diffs)
