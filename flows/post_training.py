@@ -33,7 +33,7 @@ from temper.data.catalog import split_by_role
 from temper.data.validation import validation_workers
 from temper.lifecycle.params import PostTrainingParams
 from temper.lifecycle.report import domain_csv, domain_rows, post_training_markdown, run_link, validation_markdown
-from temper.lifecycle.resume import process_tag, run_key_of
+from temper.lifecycle.resume import process_tag, run_key_of, run_tag
 
 REPORT_KEY = "post-training-report"
 
@@ -50,12 +50,14 @@ def _lifecycle_link(run_id: str) -> str:
     return run_link(uri, MlflowClient().get_run(run_id).info.experiment_id, run_id)
 
 
-def _record_process() -> None:
+def _record_run(run_key: str) -> None:
     """This process as the flow run's ``infrastructure_pid`` (unless a worker set its own), so that
-    `temper resume` can tell a run whose process died from one that still runs."""
+    `temper resume` can tell a run whose process died from one that still runs; and the run key as a
+    tag, so it can tell a run that a continuation already finished."""
     with get_client(sync_client=True) as client:
-        if not client.read_flow_run(flow_run.get_id()).infrastructure_pid:
-            client.update_flow_run(flow_run.get_id(), infrastructure_pid=process_tag())
+        run = client.read_flow_run(flow_run.get_id())
+        client.update_flow_run(run.id, infrastructure_pid=run.infrastructure_pid or process_tag(),
+                               tags=sorted({*run.tags, run_tag(run_key)}))
 
 
 @flow(name="post_training", log_prints=True, on_failure=[fail_lifecycle], on_crashed=[fail_lifecycle])
@@ -70,7 +72,7 @@ def post_training(params: PostTrainingParams = PostTrainingParams(), continues: 
     logger = get_run_logger()
     run_key = run_key_of(flow_run.get_id(), continues)
     if flow_run.get_id():
-        _record_process()
+        _record_run(run_key)
     if continues:
         logger.info("continuing post_training run %s (started by flow run %s)", run_key, continues)
     # The one choice of where jobs run (temper.lifecycle.execution): launcher, file locations, sandboxes.

@@ -94,8 +94,10 @@ def _check_health(uri: str, budget_s: float) -> None:
 def unreachable(uri: str, budget_s: float, detail: str, during: str | None = None) -> TrackingUnreachable:
     """The one line for a tracking server that stayed away: which server, for how long, what was being done."""
     tried = f" (retried for {budget_s:.0f} s, TEMPER_TRACKING_RETRY_S)" if budget_s else ""
-    return TrackingUnreachable(f"MLflow tracking server {uri} is unreachable{tried}"
-                               + (f" during {during}" if during else "") + f": {detail}")
+    e = TrackingUnreachable(f"MLflow tracking server {uri} is unreachable{tried}"
+                            + (f" during {during}" if during else "") + f": {detail}")
+    e.parts = (uri, budget_s, detail) if during is None else None  # what outage_named completes with its `during`
+    return e
 
 
 def is_outage(e: BaseException) -> bool:
@@ -118,8 +120,10 @@ def outage_named(during: str) -> Iterator[None]:
     TrackingUnreachable line naming the server, the budget and ``during``. Usable as a decorator."""
     try:
         yield
-    except TrackingUnreachable:
-        raise
+    except TrackingUnreachable as e:
+        if getattr(e, "parts", None) is None:
+            raise
+        raise unreachable(*e.parts, during) from None
     except Exception as e:
         if not is_outage(e):
             raise

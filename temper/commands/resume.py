@@ -49,13 +49,20 @@ def resume(args: argparse.Namespace) -> int:
     _prefect_api(run_id)
     # lazy: prefect+great_expectations+... (5.3 s) would load at every `temper` start-up
     from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import (
+        FlowRunFilter,
+        FlowRunFilterState,
+        FlowRunFilterStateType,
+        FlowRunFilterTags,
+    )
+    from prefect.client.schemas.objects import StateType
     from prefect.exceptions import ObjectNotFound
     from prefect.states import Crashed
     from pydantic import ValidationError
 
     from temper.core.errors import TemperError, describe_validation_error
     from temper.lifecycle.params import PostTrainingParams
-    from temper.lifecycle.resume import check_resumable, origin, run_key_of
+    from temper.lifecycle.resume import check_resumable, origin, process_alive, run_key_of, run_tag
 
     with get_client(sync_client=True) as client:
         try:
@@ -70,12 +77,28 @@ def resume(args: argparse.Namespace) -> int:
             params = PostTrainingParams.model_validate((run.parameters or {}).get("params") or {})
         except ValidationError as e:
             raise ResumeError(describe_validation_error(f"flow run {run_id}'s parameters", e)) from None
-        if crashed:
-            client.set_flow_run_state(run.id, Crashed(message=f"its process {run.infrastructure_pid} is gone "
-                                                              "(marked crashed by `temper resume`)"), force=True)
-    first = origin(run_id, run.parameters or {})
+        first = origin(run_id, run.parameters or {})
+        key = run_key_of(first)
+
+        def others(*types: StateType) -> list:  # the other flow runs that worked on the same post_training run
+            return [r for r in client.read_flow_runs(flow_run_filter=FlowRunFilter(
+                tags=FlowRunFilterTags(all_=[run_tag(key)]),
+                state=FlowRunFilterState(type=FlowRunFilterStateType(any_=list(types))))) if r.id != run.id]
+
+        if finished := others(StateType.COMPLETED):
+            raise ResumeError(f"flow run {run_id}: its post_training run {key} was finished by flow run "
+                              f"{finished[0].id}: nothing to resume")
+        dead = [run] if crashed else []
+        for other in others(StateType.RUNNING, StateType.PENDING):
+            if process_alive(other.infrastructure_pid) is not False:
+                raise ResumeError(f"flow run {run_id}: its post_training run {key} is being continued by flow run "
+                                  f"{other.id} (process {other.infrastructure_pid or 'not recorded'})")
+            dead.append(other)
+        for r in dead:  # Prefect never hears from a killed process: say what happened to it
+            client.set_flow_run_state(r.id, Crashed(message=f"its process {r.infrastructure_pid} is gone "
+                                                            "(marked crashed by `temper resume`)"), force=True)
     print(f"[resume] flow run {run_id} was {state.name}{' (its process is gone: marked Crashed)' if crashed else ''}; "
-          f"continuing post_training run {run_key_of(first)}", flush=True)
+          f"continuing post_training run {key}", flush=True)
 
     # lazy: great_expectations+prefect+pandas+... (5.3 s), via post_training, would load at every `temper` start-up
     from flows.post_training import post_training

@@ -35,6 +35,11 @@ def run_key_of(flow_run_id: str | None, continues: str | None = None) -> str:
     return f"pt-{str(continues or flow_run_id or 'local')[:8]}"
 
 
+def run_tag(key: str) -> str:
+    """The Prefect tag on every flow run that worked on the run ``key``."""
+    return f"temper-run:{key}"
+
+
 def origin(flow_run_id: str, parameters: dict) -> str:
     """The flow run whose key a continuation keeps: the one a continued run itself continued, else itself."""
     return parameters.get("continues") or flow_run_id
