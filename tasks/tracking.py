@@ -6,9 +6,9 @@ from prefect import task
 
 from data_contracts.runner import DomainReport
 from infra import lineage
+from temper.core.errors import TrackingUnreachable
 from temper.core.settings import get_settings
 from temper.data.catalog import load_catalog
-from temper.core.errors import TrackingUnreachable
 from temper.data.validation import ValidationSummary, track_validation
 
 
