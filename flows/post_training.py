@@ -75,6 +75,7 @@ def post_training(params: PostTrainingParams = PostTrainingParams(), continues: 
         _record_run(run_key)
     if continues:
         logger.info("continuing post_training run %s (started by flow run %s)", run_key, continues)
+    logger.info("run key %s; should this process die: temper resume %s", run_key, flow_run.get_id())
     # The one choice of where jobs run (temper.lifecycle.execution): launcher, file locations, sandboxes.
     params = params.resolved()
     logger.info("backend: %s", params.backend)

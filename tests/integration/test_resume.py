@@ -119,6 +119,7 @@ def test_sigkilled_flow_is_resumed_to_the_uninterrupted_model_and_records_and_an
     [killed] = [r for r in _flow_runs() if str(r.id).startswith(key.removeprefix("pt-"))]
     assert killed.state.type.value == "RUNNING"  # Prefect cannot know: the process never reported
     assert killed.infrastructure_pid == f"{socket.gethostname()}:{flow.pid}"
+    assert f"should this process die: temper resume {killed.id}" in (tmp_path / "flow.log").read_text()
 
     reference = tmp_path / "reference"
     ref_job = threading.Thread(target=_reference_job, args=(temper_home, reference))
