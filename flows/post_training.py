@@ -9,12 +9,18 @@ version, and the report says which domain broke which check. Any other failure o
 lifecycle run is open (a stage, the registry, the report) closes it FAILED with a report
 naming the failed task (``fail_lifecycle``, a flow hook, so no stage can skip it). Every stage
 is a task over plain functions (tasks/, temper/), so the flow reads as the lifecycle and nothing else.
+
+A run whose flow run died (its process killed, the tracking server away past the retry budget) is
+continued by `temper resume FLOW_RUN` (``temper/lifecycle/resume.py``): a new flow run with the same
+parameters and ``continues`` set, so it works under the same run key and every stage finds what the
+earlier attempt finished (records by key, the trained model, checkpoints to resume from).
 """
 
 from __future__ import annotations
 
 from prefect import flow, get_run_logger, unmapped
 from prefect.artifacts import create_markdown_artifact, create_table_artifact
+from prefect.client.orchestration import get_client
 from prefect.runtime import flow_run
 
 from infra import lineage
@@ -27,6 +33,7 @@ from temper.data.catalog import split_by_role
 from temper.data.validation import validation_workers
 from temper.lifecycle.params import PostTrainingParams
 from temper.lifecycle.report import domain_csv, domain_rows, post_training_markdown, run_link, validation_markdown
+from temper.lifecycle.resume import process_tag, run_key_of, run_tag
 
 REPORT_KEY = "post-training-report"
 
@@ -49,10 +56,32 @@ def _lifecycle_link(run_id: str) -> str:
     return run_link(uri, MlflowClient().get_run(run_id).info.experiment_id, run_id)
 
 
+def _record_run(run_key: str) -> None:
+    """This process as the flow run's ``infrastructure_pid`` (unless a worker set its own), so that
+    `temper resume` can tell a run whose process died from one that still runs; and the run key as a
+    tag, so it can tell a run that a continuation already finished."""
+    with get_client(sync_client=True) as client:
+        run = client.read_flow_run(flow_run.get_id())
+        client.update_flow_run(run.id, infrastructure_pid=run.infrastructure_pid or process_tag(),
+                               tags=sorted({*run.tags, run_tag(run_key)}))
+
+
 @flow(name="post_training", log_prints=True, on_failure=[fail_lifecycle], on_crashed=[fail_lifecycle])
-def post_training(params: PostTrainingParams = PostTrainingParams()) -> dict:
+def post_training(params: PostTrainingParams = PostTrainingParams(), continues: str | None = None) -> dict:
+    """The lifecycle of one candidate model.
+
+    Args:
+        params: the run's parameters.
+        continues: set by `temper resume`: the flow run that started the post_training run this flow
+            run continues (its run key, checkpoints and MLflow records). Empty for a new run.
+    """
     logger = get_run_logger()
-    run_key = f"pt-{(flow_run.get_id() or 'local')[:8]}"
+    run_key = run_key_of(flow_run.get_id(), continues)
+    if flow_run.get_id():
+        _record_run(run_key)
+    if continues:
+        logger.info("continuing post_training run %s (started by flow run %s)", run_key, continues)
+    logger.info("run key %s; should this process die: temper resume %s", run_key, flow_run.get_id())
     # The one choice of where jobs run (temper.lifecycle.execution): launcher, file locations, sandboxes.
     params = params.resolved()
     logger.info("backend: %s", params.backend)

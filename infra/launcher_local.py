@@ -15,6 +15,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 from infra.jobspec import JobSpec
 
@@ -66,15 +67,74 @@ def job_error(lines: list[str]) -> str | None:
     return next((line.removeprefix("temper: error: ") for line in lines if line.startswith("temper: error: ")), None)
 
 
+def _start_ticks(pid: int) -> str | None:
+    """The process's start time (clock ticks since boot): with the pid, what identifies it across pid reuse."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19]
+    except (OSError, IndexError):
+        return None
+
+
+def _group_alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+        return True
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+
+
+def stop_leftover(claim: Path, on_line: Callable[[str], None] = print, grace_s: float = 10.0) -> bool:
+    """Kill the process group recorded in ``claim`` if it still runs: the job a dead caller left behind.
+
+    A job runs in its own session so that cancelling it kills every rank; the other side of that is
+    that when the process that started it is SIGKILLed, the job runs on, orphaned, still writing its
+    checkpoints. The next attempt of the same job (same name) must stop it before starting again.
+    The group is the one recorded only if its leader is gone (Linux never reuses a pid that is
+    still a process group's id) or still has the recorded start time. Returns whether one was stopped.
+    """
+    try:
+        pgid_text, ticks = claim.read_text().split()
+        pgid = int(pgid_text)
+    except (OSError, ValueError):
+        return False
+    now = _start_ticks(pgid)
+    if not _group_alive(pgid) or (now is not None and now != ticks):
+        claim.unlink(missing_ok=True)
+        return False
+    on_line(f"launcher: stopping process group {pgid}, left running by an earlier attempt of this job")
+    deadline = time.monotonic() + grace_s
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        try:
+            os.killpg(pgid, sig)
+        except ProcessLookupError:
+            break
+        while _group_alive(pgid) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        if not _group_alive(pgid):
+            break
+        deadline = time.monotonic() + grace_s
+    claim.unlink(missing_ok=True)
+    return True
+
+
 def run_job(spec: JobSpec, on_line: Callable[[str], None] = print, *, cwd: str | None = None,
-            cancel: threading.Event | None = None) -> int:
+            cancel: threading.Event | None = None, claim: Path | None = None) -> int:
     """Run to completion; returns the exit status (124 on timeout, 130 when cancelled).
 
     ``on_line`` may set ``cancel`` itself (e.g. to stop a job when a line appears).
+    ``claim``: a file naming the job's process group while it runs; a group an earlier attempt
+    recorded there and left running (its caller died) is stopped first (``stop_leftover``).
     """
+    if claim is not None:
+        stop_leftover(claim, on_line)
     env = {**os.environ, "PYTHONUNBUFFERED": "1", **spec.env}
     proc = subprocess.Popen(build_argv(spec), cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             stdin=subprocess.DEVNULL, text=True, bufsize=1, start_new_session=True)
+    if claim is not None:
+        claim.parent.mkdir(parents=True, exist_ok=True)
+        claim.write_text(f"{proc.pid} {_start_ticks(proc.pid)}")
     cancel = cancel or threading.Event()
     done = threading.Event()
 
@@ -106,4 +166,6 @@ def run_job(spec: JobSpec, on_line: Callable[[str], None] = print, *, cwd: str |
         except ProcessLookupError:
             pass
     done.wait(timeout=10)
+    if claim is not None:
+        claim.unlink(missing_ok=True)
     return status if status is not None else proc.returncode

@@ -13,12 +13,13 @@ import hashlib
 import json
 import os
 import subprocess
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from temper.core.errors import TrackingError
+from temper.core.errors import TrackingError, TrackingUnreachable
 from temper.core.settings import Settings, get_settings
 
 # Tag keys, in one place.
@@ -28,21 +29,27 @@ TAG_GIT = "temper.git_commit"
 TAG_CONFIG_HASH = "temper.config_hash"
 TAG_BASE_MODEL = "temper.base_model"
 TAG_SHA256 = "temper.sha256"
+TAG_RECORD = "temper.record"  # the deterministic key a record is found by again (find-or-create)
 PARENT_TAG = "mlflow.parentRunId"
 MLFLOW_DIGEST_LEN = 32  # MLflow's dataset digest column is VARCHAR(36)
 
 
-def configure(settings: Settings | None = None, *, existing: bool = False) -> str:
+def configure(settings: Settings | None = None, *, existing: bool = False, wait: bool = False) -> str:
     """Point MLflow at the configured tracking URI; fail fast if a server is unreachable.
 
     ``existing``: the caller only reads (lineage, models): an embedded store that does not exist
-    yet is an error naming where it was looked for, not a new empty database in the current folder."""
+    yet is an error naming where it was looked for, not a new empty database in the current folder.
+    ``wait``: a flow stage or a training job, which rides out a server restart: the health check
+    keeps trying for the retry budget (``tracking_retry_s``) before it gives up. Every MLflow call of
+    this process (and of the jobs it starts, which inherit the environment) retries for that budget too.
+    """
     # lazy: mlflow (1.6 s) would load in fast unit tests (test_domain_roles.py)
     import mlflow
 
     # MLflow writes "View run ... at URL" to stdout; it would corrupt `--json` output.
     os.environ.setdefault("MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT", "true")
     settings = settings or get_settings()
+    os.environ.update(mlflow_retry_env(settings.tracking_retry_s))
     uri = settings.resolved_tracking_uri
     if uri.startswith("sqlite:///"):
         db = Path(uri.removeprefix("sqlite:///"))
@@ -52,14 +59,79 @@ def configure(settings: Settings | None = None, *, existing: bool = False) -> st
         db.parent.mkdir(parents=True, exist_ok=True)
     mlflow.set_tracking_uri(uri)
     if uri.startswith(("http://", "https://")):
-        # lazy: requests (70 ms) would load in fast unit tests (test_domain_roles.py)
-        import requests
+        _check_health(uri, settings.tracking_retry_s if wait else 0)
+    return uri
 
+
+def mlflow_retry_env(budget_s: float) -> dict[str, str]:
+    """MLflow's client retry knobs for a budget: the fewest retries (factor 1, else more) whose backoff
+    sleeps (urllib3: 0, 2f, 4f, ... each capped at 120 s) add up to at least ``budget_s``."""
+    for factor in range(1, 121):
+        total = 0.0
+        for retries in range(0, 11):  # MLflow refuses more than 10 (_MLFLOW_HTTP_REQUEST_MAX_RETRIES_LIMIT)
+            if total >= budget_s:
+                return {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": str(retries),
+                        "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR": str(factor)}
+            total += 0 if retries == 0 else min(120.0, factor * 2 ** retries)
+    return {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "10", "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR": "120"}
+
+
+def _check_health(uri: str, budget_s: float) -> None:
+    # lazy: requests (70 ms) would load in fast unit tests (test_domain_roles.py)
+    import requests
+
+    deadline = time.monotonic() + budget_s
+    while True:
         try:
             requests.get(uri.rstrip("/") + "/health", timeout=5).raise_for_status()
+            return
         except requests.RequestException as e:
-            raise TrackingError(f"MLflow tracking server {uri} is unreachable: {type(e).__name__}") from None
-    return uri
+            if time.monotonic() >= deadline:
+                raise unreachable(uri, budget_s, type(e).__name__) from None
+        time.sleep(min(2.0, max(0.0, deadline - time.monotonic())))
+
+
+def unreachable(uri: str, budget_s: float, detail: str, during: str | None = None) -> TrackingUnreachable:
+    """The one line for a tracking server that stayed away: which server, for how long, what was being done."""
+    tried = f" (retried for {budget_s:.0f} s, TEMPER_TRACKING_RETRY_S)" if budget_s else ""
+    e = TrackingUnreachable(f"MLflow tracking server {uri} is unreachable{tried}"
+                            + (f" during {during}" if during else "") + f": {detail}")
+    e.parts = (uri, budget_s, detail) if during is None else None  # what outage_named completes with its `during`
+    return e
+
+
+def is_outage(e: BaseException) -> bool:
+    """A failure to reach the tracking server (refused, reset, timed out) after MLflow's own retries,
+    as opposed to a request the server answered with an error."""
+    # lazy: requests (70 ms) would load in fast unit tests (test_domain_roles.py)
+    import requests
+
+    if isinstance(e, TrackingUnreachable | requests.ConnectionError | requests.Timeout | ConnectionError):
+        return True
+    text = str(e)
+    return "API request to" in text and any(m in text for m in (
+        "Max retries exceeded", "Connection refused", "Connection aborted", "Connection reset", "timed out",
+        "RemoteDisconnected", "NewConnectionError"))
+
+
+@contextlib.contextmanager
+def outage_named(during: str) -> Iterator[None]:
+    """Turn MLflow's failure to reach the server (a urllib3 traceback in an MlflowException) into one
+    TrackingUnreachable line naming the server, the budget and ``during``. Usable as a decorator."""
+    try:
+        yield
+    except TrackingUnreachable as e:
+        if getattr(e, "parts", None) is None:
+            raise
+        raise unreachable(*e.parts, during) from None
+    except Exception as e:
+        if not is_outage(e):
+            raise
+        # lazy: mlflow (1.6 s) would load in fast unit tests (test_domain_roles.py)
+        import mlflow
+
+        raise unreachable(mlflow.get_tracking_uri(), get_settings().tracking_retry_s,
+                          type(e).__name__, during) from None
 
 
 def code_version(repo_dir: Path | None = None) -> str:
@@ -286,3 +358,45 @@ def resume_run(run_id: str) -> Iterator[Any]:
     with mlflow.start_run(run_id=run_id) as run:
         yield run
     MlflowClient().update_run(run_id, status="RUNNING")
+
+
+# ---- records found again by a deterministic key (find-or-create) ----------------------------
+# A continued flow run (`temper resume`) or a retried task must find the records an earlier attempt
+# made instead of creating a second lifecycle run or a second eval run of the same thing. Each
+# record carries TAG_RECORD; its value is derived from the run key (the flow run that started it).
+
+def keyed_runs(experiment: str, key: str) -> list[Any]:
+    """Live (not deleted) runs recorded under ``key``, newest first."""
+    # lazy: mlflow (1.6 s) would load in fast unit tests (test_domain_roles.py)
+    from mlflow.tracking import MlflowClient
+
+    exp = use_experiment(experiment)
+    runs = MlflowClient().search_runs([exp.experiment_id], f"tags.`{TAG_RECORD}` = '{key}'", max_results=100)
+    return sorted(runs, key=lambda r: r.info.start_time or 0, reverse=True)
+
+
+def open_keyed_run(experiment: str, key: str, run_name: str, *, tags: dict[str, str] | None = None,
+                   parent_run_id: str | None = None, fresh: bool = False) -> tuple[str, bool]:
+    """The run recorded under ``key``: (run id, True) when it already existed, else a new one (id, False).
+
+    An existing run is set RUNNING again and its tags updated; further runs under the same key (a
+    race of two attempts) are deleted, so one remains. ``fresh``: a record that is written in one go
+    (an eval run): an unfinished one is half written, so it is deleted and made anew; a FINISHED
+    one is returned as it is.
+    """
+    # lazy: mlflow (1.6 s) would load in fast unit tests (test_domain_roles.py)
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient()
+    runs = keyed_runs(experiment, key)
+    keep = next((r for r in runs if r.info.status == "FINISHED"), None) if fresh else (runs[0] if runs else None)
+    for r in runs:
+        if r is not keep:
+            client.delete_run(r.info.run_id)
+    if keep is None:
+        return open_run(experiment, run_name, tags={**(tags or {}), TAG_RECORD: key}, parent_run_id=parent_run_id), False
+    if not fresh:
+        for k, v in (tags or {}).items():
+            client.set_tag(keep.info.run_id, k, v)
+        client.update_run(keep.info.run_id, status="RUNNING")
+    return keep.info.run_id, True

@@ -13,9 +13,10 @@ from infra import lineage
 from infra.jobspec import JobSpec
 from infra.k8s.options import job_name
 from infra.storage import get_fs, join
+from tasks.tracking import MLFLOW_RETRY
 from temper.core.errors import TemperError
 from temper.core.settings import get_settings
-from temper.lifecycle.evaluation import record_eval, summary
+from temper.lifecycle.evaluation import record_eval, recorded_evals, summary
 from temper.lifecycle.execution import execution_for
 from temper.lifecycle.params import EvalSettings
 from temper.registry.model_store import hf_folder
@@ -35,6 +36,9 @@ def evaluate(model_dir: str, domains: list[str], settings: EvalSettings, label: 
     the results are read back from there the same way for either.
     """
     logger = get_run_logger()
+    if parent_run_id and (done := recorded_evals(parent_run_id, label, domains)) is not None:
+        logger.info("eval-%s: every domain's result was recorded by an earlier attempt of this run", label)
+        return done
     execution = execution_for(backend or get_settings().backend)
     shards = max(1, min(settings.shards, len(domains)))
     name = job_name(parent_run_id or uuid.uuid4().hex, f"eval-{label}", max_len=44)
@@ -61,7 +65,7 @@ def evaluate(model_dir: str, domains: list[str], settings: EvalSettings, label: 
     return results
 
 
-@task(retries=3, retry_delay_seconds=[2, 5, 15], task_run_name="fetch-{model_name}-{version}")
+@task(**MLFLOW_RETRY, task_run_name="fetch-{model_name}-{version}")
 def fetch_model(model_name: str, version: str) -> dict:
     """A registered version (number or alias) as a local HF folder the eval jobs can read (either layout)."""
     lineage.configure()
@@ -72,7 +76,7 @@ def fetch_model(model_name: str, version: str) -> dict:
     return {"version": number, "model_dir": str(target), "run_id": mv.run_id, "evaluated_domains": trained}
 
 
-@task(retries=3, retry_delay_seconds=[2, 5, 15])
+@task(**MLFLOW_RETRY)
 def tag_version(model_name: str, version: str, results: list[dict]) -> None:
     """Write the eval summary onto the version, where the gate and `temper models` read it."""
     # lazy: mlflow (1.6 s) would load whenever flows.evaluate is imported

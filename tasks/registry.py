@@ -2,20 +2,23 @@
 
 from __future__ import annotations
 
-from prefect import task
+from prefect import get_run_logger, task
 from prefect.client.orchestration import get_client
 from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
+from prefect.logging.loggers import flow_run_logger
 from prefect.runtime import flow_run
 
 from data_contracts.runner import DomainReport
 from infra import lineage
 from infra.storage import local_folder
+from tasks.tracking import MLFLOW_RETRY
 from temper.core.errors import TemperError
 from temper.core.settings import get_settings
 from temper.data.catalog import load_catalog
 from temper.data.datasets import load_dataset
 from temper.data.validation import log_validated_datasets
 from temper.lifecycle.params import PostTrainingParams
+from temper.lifecycle.resume import run_key_of
 from temper.lifecycle.report import post_training_markdown, run_link
 from temper.registry.gate import GateDecision, PromotionPolicy, decide
 from temper.registry.model_store import DEFAULT_EXAMPLE, EvalMetrics, LoggedModel, log_hf_model, reusable_logged_model
@@ -29,21 +32,30 @@ from temper.registry.registration import (
     run_samples,
 )
 
-_MLFLOW_RETRY = dict(retries=3, retry_delay_seconds=[2, 5, 15])
-FLOW_RUN_TAG = "temper.prefect_flow_run"  # on the lifecycle run: which Prefect flow run opened it
+FLOW_RUN_TAG = "temper.prefect_flow_run"  # on the lifecycle run: the Prefect flow run that last worked on it
 
 
-@task(**_MLFLOW_RETRY)
+@task(**MLFLOW_RETRY)
+@lineage.outage_named("the lifecycle run's opening")
 def open_lifecycle(params: PostTrainingParams, run_name: str, reports: list[DomainReport]) -> str:
-    """The lifecycle parent run: config, tags, and every dataset consumed (with digests)."""
+    """The lifecycle parent run: config, tags, and every dataset consumed (with digests).
+
+    Found again by the run key (``run_name``) when the run is continued (`temper resume`, a retry):
+    one lifecycle run per post_training run, however many flow runs it took.
+    """
     # lazy: mlflow (1.6 s) would load whenever flows.post_training is imported
     import mlflow
+    from mlflow.tracking import MlflowClient
 
     settings = get_settings()
-    lineage.configure(settings)
-    run_id = lineage.open_run("post_training", run_name, tags={
+    lineage.configure(settings, wait=True)
+    run_id, existed = lineage.open_keyed_run("post_training", run_name, run_name, tags={
         lineage.TAG_KIND: "lifecycle", lineage.TAG_CONFIG_HASH: lineage.config_hash(params),
         lineage.TAG_BASE_MODEL: params.base_model, FLOW_RUN_TAG: str(flow_run.get_id() or "local")})
+    if existed:
+        get_run_logger().info("lifecycle run %s (%s) continued", run_id, run_name)
+        if "temper.data.validation" in MlflowClient().get_run(run_id).data.tags:  # the tag is written last
+            return run_id  # its params and datasets are the same run's: logged by the attempt that opened it
     catalog = load_catalog(settings.catalog_dir)
     with lineage.resume_run(run_id):
         mlflow.log_dict(params.model_dump(mode="json"), "params.json")
@@ -52,7 +64,8 @@ def open_lifecycle(params: PostTrainingParams, run_name: str, reports: list[Doma
     return run_id
 
 
-@task(**_MLFLOW_RETRY)
+@task(**MLFLOW_RETRY)
+@lineage.outage_named("the lifecycle run's closing")
 def close_lifecycle(run_id: str, status: str, report_markdown: str, domain_table_csv: str | None = None) -> None:
     """The report (and the per-domain table, as CSV) on the lifecycle run, which is then closed."""
     # lazy: mlflow (1.6 s) would load whenever flows.post_training is imported
@@ -74,21 +87,33 @@ def _failed_tasks(flow_run_id: str) -> list[str]:
 
 
 def fail_lifecycle(flow, flow_run, state) -> None:
-    """Flow hook (on_failure / on_crashed): close the lifecycle run this flow run opened as FAILED,
+    """Flow hook (on_failure / on_crashed): close the lifecycle run this flow run worked on as FAILED,
     with a report naming the failed task and the error, so no failure leaves it RUNNING.
 
     A hook, not a try/except in the flow body, so every stage is covered, including ones
     added later. A lifecycle run already closed (a data contract violation) is left alone.
+    With the tracking server away (the failure itself, often) it says so in one line: `temper
+    resume` reopens the lifecycle run and finishes it later.
     """
+    try:
+        _fail_lifecycle(flow_run, state)
+    except Exception as e:
+        reason = str(e) if isinstance(e, TemperError) or lineage.is_outage(e) else f"{type(e).__name__}: {e}"
+        flow_run_logger(flow_run).warning("lifecycle run of %s left open (`temper resume %s` finishes it): %s",
+                                          flow_run.id, flow_run.id, reason.splitlines()[0] if reason else "")
+
+
+def _fail_lifecycle(flow_run, state) -> None:
     # lazy: mlflow (1.6 s) would load whenever flows.post_training is imported
     import mlflow
 
-    uri = lineage.configure()
+    uri = lineage.configure()  # no waiting: a failure from an outage has waited the budget already
     experiment = mlflow.get_experiment_by_name("post_training")
     if experiment is None:
         return
+    key = run_key_of(flow_run.id, (flow_run.parameters or {}).get("continues"))
     open_runs = mlflow.search_runs([experiment.experiment_id], output_format="list",
-                                   filter_string=f"tags.`{FLOW_RUN_TAG}` = '{flow_run.id}' "
+                                   filter_string=f"tags.`{lineage.TAG_RECORD}` = '{key}' "
                                                  f"and attributes.status = 'RUNNING'")
     if not open_runs:
         return
@@ -108,19 +133,21 @@ def fail_lifecycle(flow, flow_run, state) -> None:
         lineage.close_run(run.info.run_id, "FAILED")
 
 
-@task(**_MLFLOW_RETRY)
+@task(**MLFLOW_RETRY)
+@lineage.outage_named("the champion lookup")
 def champion(model_name: str, alias: str) -> tuple[str | None, dict[str, float] | None]:
-    lineage.configure()
+    lineage.configure(wait=True)
     return champion_metrics(model_name, alias)
 
 
-@task(**_MLFLOW_RETRY)
+@task(**MLFLOW_RETRY)
+@lineage.outage_named("the promotion gate")
 def gate(candidate: list[dict], model_name: str, champion_version: str | None,
          champion_means: dict[str, float] | None, policy: PromotionPolicy) -> GateDecision:
     """The promotion gate on the candidate's eval results vs the champion's, per-sample rewards included
     (the candidate's from its eval runs, the champion's from its lifecycle), so each domain's
     regression is judged against its noise."""
-    lineage.configure()
+    lineage.configure(wait=True)
     means = {r["domain"]: r["mean_reward"] for r in candidate}
     return decide(means, champion_means, policy, run_samples(candidate), champion_samples(model_name, champion_version),
                   run_curves(candidate), champion_curves(model_name, champion_version))
@@ -156,14 +183,17 @@ def _example_prompt(domains: list[str]) -> str:
 
 def _log_model(params: PostTrainingParams, model_dir: str, parent_run_id: str, eval_results: dict[str, dict],
                decision: GateDecision, config_hash: str) -> LoggedModel:
-    """A new 'register' stage run under the lifecycle run, holding the logged model."""
+    """The 'register' stage run under the lifecycle run (found again by its key: an earlier attempt's run
+    that holds no whole logged model is reused, not left beside a second one), holding the logged model."""
     # lazy: mlflow (1.6 s) would load whenever flows.post_training is imported
     import mlflow
 
     model_dir = local_folder(model_dir)  # a store URI when the model was trained on a cluster
-    run_id = lineage.open_run("post_training", "register", parent_run_id=parent_run_id,
-                              tags={lineage.TAG_KIND: "stage", lineage.TAG_STAGE: "register",
-                                    lineage.TAG_BASE_MODEL: params.base_model, lineage.TAG_CONFIG_HASH: config_hash})
+    run_id, _ = lineage.open_keyed_run("post_training", f"{parent_run_id}/register", "register",
+                                       parent_run_id=parent_run_id,
+                                       tags={lineage.TAG_KIND: "stage", lineage.TAG_STAGE: "register",
+                                             lineage.TAG_BASE_MODEL: params.base_model,
+                                             lineage.TAG_CONFIG_HASH: config_hash})
     with mlflow.start_run(run_id=run_id):
         return log_hf_model(model_dir, example_prompt=_example_prompt(list(eval_results) or params.domains),
                             max_new_tokens=params.eval.max_new_tokens, evals=_eval_metrics(eval_results),
@@ -173,7 +203,8 @@ def _log_model(params: PostTrainingParams, model_dir: str, parent_run_id: str, e
                                         f"(lifecycle run {parent_run_id}); gate: {decision.reason}")
 
 
-@task(**_MLFLOW_RETRY)
+@task(**MLFLOW_RETRY)
+@lineage.outage_named("the registration")
 def register(params: PostTrainingParams, model_dir: str, parent_run_id: str, eval_results: dict[str, dict],
              decision: GateDecision) -> dict:
     """A 'register' stage run holding the logged model (transformers flavour), then the version and alias.
@@ -184,7 +215,7 @@ def register(params: PostTrainingParams, model_dir: str, parent_run_id: str, eva
     # lazy: mlflow (1.6 s) would load whenever flows.post_training is imported
     from mlflow.tracking import MlflowClient
 
-    lineage.configure()
+    lineage.configure(wait=True)
     c = MlflowClient()
     done = lifecycle_version(c, params.model_name, parent_run_id)
     if done is not None:

@@ -6,12 +6,29 @@ from prefect import task
 
 from data_contracts.runner import DomainReport
 from infra import lineage
+from temper.core.errors import TrackingUnreachable
 from temper.core.settings import get_settings
 from temper.data.catalog import load_catalog
 from temper.data.validation import ValidationSummary, track_validation
 
 
-@task(retries=3, retry_delay_seconds=[2, 5, 15])
+def not_an_outage(task, task_run, state) -> bool:
+    """Retry a tracking task unless it failed because the server stayed away for the whole retry budget
+    (``tracking_retry_s``: every MLflow call already retried that long; the flow fails with that one line)."""
+    try:
+        state.result()
+    except TrackingUnreachable:
+        return False
+    except Exception:
+        return True
+    return True
+
+
+# A tracking server restart must not fail a run; one that outlasts the budget ends it at once.
+MLFLOW_RETRY = dict(retries=3, retry_delay_seconds=[2, 5, 15], retry_condition_fn=not_an_outage)
+
+
+@task(**MLFLOW_RETRY)
 def record_validation(reports: list[DomainReport], experiment: str, run_name: str, parent_run_id: str | None = None) -> str:
     """Log the validation stage (datasets with digests, report) as an MLflow run; returns its id."""
 

@@ -1,7 +1,8 @@
 """Prefect tasks that prepare the base model and run SFT/GRPO as training jobs.
 
-The job's run_name is derived from the flow run, so a retried task finds its own
-checkpoints in the store and resumes from them instead of starting over.
+The job's run_name is derived from the run key (the flow run that started the post_training run),
+so a retried task or a flow run continued by `temper resume` finds its own checkpoints in the store
+and resumes from them instead of starting over; a stage that finished is not run again.
 """
 
 from __future__ import annotations
@@ -10,12 +11,14 @@ from pathlib import Path
 
 from prefect import get_run_logger, task
 
+from infra import lineage
 from infra.storage import exists, join
 from temper.core.errors import TemperError
 from temper.core.settings import get_settings
 from temper.data.catalog import load_catalog, refuse_eval_only, select_domains
 from temper.lifecycle.execution import execution_for
 from temper.lifecycle.params import PostTrainingParams
+from temper.training.checkpoint import record_key
 from temper.training.config import SFTSettings, TrainConfig
 from temper.training.progress import is_progress
 from temper.training.tiny import init_tiny
@@ -50,6 +53,18 @@ def stage_config(stage: str, params: PostTrainingParams, base_model: str, run_ke
                        mlflow_experiment="post_training", **{stage: settings})
 
 
+def stage_finished(cfg: TrainConfig, model: str) -> bool:
+    """The stage's own finished output: its exported model is there and its MLflow run (found by its key)
+    is FINISHED, which the job does last. Asked of the stage itself rather than of a Prefect cache of the
+    task: the model folder and the record are the truth, a cached result could point at either gone."""
+    if not exists(join(model, "config.json")):
+        return False
+    lineage.configure(wait=True)
+    with lineage.outage_named(f"the check of the {cfg.mode} stage"):
+        runs = lineage.keyed_runs(cfg.mlflow_experiment, record_key(cfg))
+    return any(r.info.status == "FINISHED" for r in runs)
+
+
 def refuse_eval_only_domains(patterns: list[str]) -> None:
     """Fail before any job starts when the training domains include an eval-only (held-out) domain."""
     refuse_eval_only(select_domains(load_catalog(get_settings().catalog_dir), patterns), "training stage")
@@ -69,6 +84,9 @@ def train_stage(stage: str, params: PostTrainingParams, base_model: str, run_key
     cfg = stage_config(stage, params, execution.share(base_model), run_key, workdir, mixing_weights,
                        validated_digests)
     spec, model = execution.training_job(cfg, parent_run_id)
+    if stage_finished(cfg, model):
+        logger.info("%s: finished by an earlier attempt of run %s; its model %s is used", stage, run_key, model)
+        return model
     logger.info("%s: job %s on %s (%d rank(s))", stage, spec.name, execution.name, cfg.world_size)
 
     def on_line(line: str) -> None:  # pod lines come as "[pod] text"; the launcher's own lines have no prefix

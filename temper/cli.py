@@ -16,6 +16,7 @@ from temper.core.errors import TemperError
 # Order = order in --help.
 COMMAND_GROUPS = (
     "demo",
+    "resume",
     "up",
     "data",
     "domains",

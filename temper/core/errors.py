@@ -25,6 +25,10 @@ class TrackingError(TemperError):
     """The MLflow tracking server cannot be reached or refused a write."""
 
 
+class TrackingUnreachable(TrackingError):
+    """The tracking server stayed unreachable for the whole retry budget: retrying at once is pointless."""
+
+
 def describe_validation_error(source: object, err) -> str:
     """'<file>: field '<a.b>': <reason>' from a pydantic ValidationError: the one format of every config error."""
     errors = err.errors()

@@ -49,6 +49,12 @@ class Settings(BaseSettings):
         default=300, ge=0,
         description="How long a checkpoint upload keeps retrying through a store outage before the job fails (s).",
     )
+    tracking_retry_s: float = Field(
+        default=240, ge=0, le=1080,
+        description="How long every MLflow call (the flow's, a training job's) keeps retrying through a tracking "
+        "server outage before the stage fails with one line naming the server (s). At most 1080: MLflow's "
+        "client makes at most 10 retries, each at most 120 s after the last.",
+    )
     prefect_api_url: str | None = Field(
         default=None,
         description="Prefect API URL. None means Prefect's ephemeral in-process API.",

@@ -20,26 +20,69 @@ from temper.registry.samples import (
 from temper.registry.samples import log_eval_samples
 
 
+EFFECTIVE_TAG = "temper.eval.effective_context"  # the effective context length, described, on a long-context eval run
+
+
+def eval_key(parent_run_id: str, label: str, domain: str) -> str:
+    """The record key of one (model, domain) eval of a lifecycle run: what an earlier attempt is found by."""
+    return f"{parent_run_id}/eval-{label}-{domain}"
+
+
+def recorded_evals(parent_run_id: str, label: str, domains: list[str],
+                   experiment: str = "post_training") -> list[dict[str, Any]] | None:
+    """The summaries of an earlier attempt's finished eval runs of every domain, or None if one is missing:
+    a continued run (`temper resume`) does not evaluate a model again when its results are all recorded."""
+    lineage.configure(wait=True)
+    out = []
+    with lineage.outage_named(f"the lookup of the {label} evals"):
+        for domain in domains:
+            run = next((r for r in lineage.keyed_runs(experiment, eval_key(parent_run_id, label, domain))
+                        if r.info.status == "FINISHED"), None)
+            if run is None:
+                return None
+            m, tags = run.data.metrics, run.data.tags
+            out.append({"domain": domain, "mean_reward": m["mean_reward"], "pass_rate": m["pass_rate"],
+                        "n": int(run.data.params["n"]), "scored": int(m["scored"]), "run_id": run.info.run_id,
+                        "long_context": tags.get(CONTEXT_TAG) == "true"}
+                       | ({"effective_context": tags[EFFECTIVE_TAG]} if EFFECTIVE_TAG in tags else {}))
+    return out
+
+
 def record_eval(result: dict[str, Any], label: str, parent_run_id: str, experiment: str = "post_training") -> str:
-    """Log one domain's eval result as a child run of ``parent_run_id``; returns the run id."""
+    """Log one domain's eval result as a child run of ``parent_run_id``; returns the run id.
+
+    Found by its key: an earlier attempt's FINISHED run of the same eval is returned as it is, a
+    half-written one is replaced, so a lifecycle run has one eval run per (model, domain)."""
     # lazy: mlflow (1.6 s) would load whenever flows.evaluate is imported
     import mlflow
 
-    lineage.configure()
-    tokens = result.get("context_lengths") or None
-    run_id = lineage.open_run(experiment, f"eval-{label}-{result['domain']}", parent_run_id=parent_run_id, tags={
-        lineage.TAG_KIND: "stage", lineage.TAG_STAGE: "eval", TAG_DOMAIN: result["domain"], TAG_LABEL: label,
-        lineage.TAG_SHA256: result["dataset_sha256"]} | ({CONTEXT_TAG: "true"} if tokens else {}))
+    lineage.configure(wait=True)
+    with lineage.outage_named(f"the record of the {label} eval of {result['domain']}"):
+        run_id, existed = lineage.open_keyed_run(
+            experiment, eval_key(parent_run_id, label, result["domain"]), f"eval-{label}-{result['domain']}",
+            parent_run_id=parent_run_id, fresh=True, tags={
+                lineage.TAG_KIND: "stage", lineage.TAG_STAGE: "eval", TAG_DOMAIN: result["domain"], TAG_LABEL: label,
+                lineage.TAG_SHA256: result["dataset_sha256"]}
+            | ({CONTEXT_TAG: "true"} if result.get("context_lengths") else {}))
+        if not existed:
+            _log_eval(run_id, result)
+    return run_id
+
+
+def _log_eval(run_id: str, result: dict[str, Any]) -> None:
+    # lazy: mlflow (1.6 s) would load whenever flows.evaluate is imported
+    import mlflow
+
     with mlflow.start_run(run_id=run_id):
         mlflow.log_params({"model": result["model"], "dataset_uri": result["dataset_uri"], "n": result["n"]})
         mlflow.log_metrics({"mean_reward": result["mean_reward"], "pass_rate": result["pass_rate"],
                             "scored": result["scored"], "wall_s": result["wall_s"],
                             "too_long": result.get("too_long", 0)})
+        tokens = result.get("context_lengths") or None
         log_eval_samples(result["domain"], list(zip(result["ids"], result["rewards"])), tokens)
         mlflow.log_dict({"samples": result.get("samples", [])}, f"eval/{result['domain']}-examples.json")
         if tokens:
             record_effective_context(result["domain"], list(zip(tokens, result["rewards"])))
-    return run_id
 
 
 def record_effective_context(domain: str, curve: list[tuple[int, float | None]]) -> None:
@@ -55,7 +98,7 @@ def record_effective_context(domain: str, curve: list[tuple[int, float | None]])
     fig.clf()
     mlflow.log_metrics({"short_context_accuracy": ec.short_accuracy}
                        | ({"effective_context_tokens": ec.effective_tokens} if ec.measurable else {}))
-    mlflow.set_tag("temper.eval.effective_context", ec.describe())
+    mlflow.set_tag(EFFECTIVE_TAG, ec.describe())
 
 
 def summary(result: dict[str, Any]) -> dict[str, Any]:

@@ -104,7 +104,8 @@ class LocalExecution:
                 if job_error([text]):
                     errors[i].append(text)
                 on_line(text)
-            return run_job(specs[i], on_line=line)
+            # named by the job: a later attempt (a task retry, `temper resume`) stops what this one left running
+            return run_job(specs[i], on_line=line, claim=get_settings().home.resolve() / "jobs" / f"{specs[i].name}.pid")
 
         with ThreadPoolExecutor(len(specs)) as pool:
             statuses = list(pool.map(one, range(len(specs))))

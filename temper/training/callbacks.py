@@ -83,24 +83,26 @@ class TemperCallback(TrainerCallback):
         self._step_begin = state.global_step  # > 0 when resumed: the ETA counts this process's pace only
 
     def _start_mlflow(self) -> None:
+        """The stage's MLflow run, found again by its key when the run resumes, on this machine or another
+        (a rescheduled pod, a flow continued by `temper resume`): one run per stage. The key is the mode,
+        run name and store folder: the same identity the checkpoints are found by (``ckpt.store_uri``)."""
         # lazy: mlflow (1.6 s) would load in fast unit tests (test_domain_roles.py)
         import mlflow
 
-        lineage.configure(self.settings)
-        lineage.use_experiment(self.cfg.mlflow_experiment, self.settings)
-        id_file = self.out / "mlflow_run_id"
-        tags = {lineage.TAG_CONFIG_HASH: lineage.config_hash(self.cfg), lineage.TAG_BASE_MODEL: self.base_model}
-        if id_file.exists():  # a resumed run continues the same MLflow run
-            self.mlflow_run = mlflow.start_run(run_id=id_file.read_text().strip())
-            return
-        parent = os.environ.get("TEMPER_PARENT_RUN_ID")
-        self.mlflow_run = mlflow.start_run(run_name=f"{self.cfg.mode}-{self.cfg.run_name}", tags={
-            lineage.TAG_KIND: "stage", lineage.TAG_STAGE: self.cfg.mode, lineage.TAG_GIT: lineage.code_version(),
-            **tags, **({lineage.PARENT_TAG: parent} if parent else {})})
-        id_file.write_text(self.mlflow_run.info.run_id)
-        mlflow.log_dict(self.cfg.to_yaml_dict(), "train_config.json")
-        for name, frame in self.frames.items():
-            lineage.log_dataset(name, frame, self.uris[name], self.digests[name], context="training")
+        lineage.configure(self.settings, wait=True)
+        with lineage.outage_named(f"the start of {self.cfg.mode} run {self.cfg.run_name}"):
+            lineage.use_experiment(self.cfg.mlflow_experiment, self.settings)
+            parent = os.environ.get("TEMPER_PARENT_RUN_ID")
+            name, key = f"{self.cfg.mode}-{self.cfg.run_name}", ckpt.record_key(self.cfg, self.settings)
+            run_id, existed = lineage.open_keyed_run(self.cfg.mlflow_experiment, key, name, parent_run_id=parent, tags={
+                    lineage.TAG_KIND: "stage", lineage.TAG_STAGE: self.cfg.mode, lineage.TAG_GIT: lineage.code_version(),
+                    lineage.TAG_CONFIG_HASH: lineage.config_hash(self.cfg), lineage.TAG_BASE_MODEL: self.base_model})
+            self.mlflow_run = mlflow.start_run(run_id=run_id)
+            if existed:  # a resumed run continues the same MLflow run
+                return
+            mlflow.log_dict(self.cfg.to_yaml_dict(), "train_config.json")
+            for name, frame in self.frames.items():
+                lineage.log_dataset(name, frame, self.uris[name], self.digests[name], context="training")
 
     def on_step_begin(self, args, state, control, **kw):
         self._t_step = time.perf_counter()
@@ -153,8 +155,9 @@ class TemperCallback(TrainerCallback):
             # lazy: mlflow (1.6 s) would load in fast unit tests (test_domain_roles.py)
             import mlflow
 
-            mlflow.log_metrics({k.replace("/", "_") if k.startswith(("reward/", "pass_rate/", "none_rate/", "weight/")) else k: v
-                                for k, v in row.items() if k != "step"}, step=state.global_step)
+            with lineage.outage_named(f"the metrics of {self.cfg.mode} step {state.global_step}"):
+                mlflow.log_metrics({k.replace("/", "_") if k.startswith(("reward/", "pass_rate/", "none_rate/", "weight/"))
+                                    else k: v for k, v in row.items() if k != "step"}, step=state.global_step)
 
     def on_save(self, args, state, control, **kw):
         dist = _dist()
@@ -177,6 +180,10 @@ class TemperCallback(TrainerCallback):
         """Rank 0: reward-curve artifact, model folder logged and registered."""
         if self.mlflow_run is None:
             return
+        with lineage.outage_named(f"the end of {self.cfg.mode} run {self.cfg.run_name}"):
+            self._finish(result)
+
+    def _finish(self, result: dict[str, Any]) -> None:
         # lazy: mlflow (1.6 s) would load in fast unit tests (test_domain_roles.py)
         import mlflow
 

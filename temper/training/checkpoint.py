@@ -27,6 +27,13 @@ def store_uri(cfg: TrainConfig, settings: Settings | None = None) -> str:
     return (cfg.store_uri or join(settings.resolved_storage_root, "runs", cfg.run_name)).rstrip("/")
 
 
+def record_key(cfg: TrainConfig, settings: Settings | None = None) -> str:
+    """The key (MLflow tag ``temper.record``) of the run's MLflow run: mode, run name and store folder,
+    the identity its checkpoints are found by, so a resumed run anywhere continues the same record."""
+    where = hashlib.sha256(store_uri(cfg, settings).encode()).hexdigest()[:12]
+    return f"{cfg.mode}-{cfg.run_name}-{where}"
+
+
 def _steps(names: list[str]) -> list[int]:
     return sorted(int(m.group(1)) for n in names if (m := _CKPT.match(n.rstrip("/").rsplit("/", 1)[-1])))
 
