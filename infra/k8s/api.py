@@ -112,6 +112,13 @@ class ClusterApi:
         return self.batch.read_namespaced_job(name, namespace)
 
     @_reachable
+    def list_failed_creates(self, namespace: str, job: k.V1Job) -> list[k.CoreV1Event]:
+        """The Job controller's FailedCreate Events for this Job (this uid: not an earlier Job of the same name)."""
+        selector = (f"involvedObject.kind=Job,involvedObject.name={job.metadata.name},reason=FailedCreate"
+                    + (f",involvedObject.uid={job.metadata.uid}" if job.metadata.uid else ""))
+        return list(self.core.list_namespaced_event(namespace, field_selector=selector).items or [])
+
+    @_reachable
     def read_pod(self, namespace: str, name: str) -> k.V1Pod:
         return self.core.read_namespaced_pod(name, namespace)
 
