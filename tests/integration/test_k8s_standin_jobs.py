@@ -3,7 +3,7 @@
 Each Job here is ``infra.k8s.manifests.training_job`` (Indexed, podFailurePolicy, headless-Service
 DNS) with the container's command swapped for a short script, so the Job controller, scheduler,
 kubelet and fault injection are exercised in seconds; the real training run is in
-test_k8s_standin_training.py.
+test_flow_post_training_k8s.py (through the flow).
 """
 
 from __future__ import annotations
