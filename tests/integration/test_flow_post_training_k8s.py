@@ -146,6 +146,10 @@ class EvictAfterFirstCheckpoint(threading.Thread):
 
 
 def stage_losses(lifecycle_run_id: str, stage: str) -> dict[int, float]:
+    return stage_metric(lifecycle_run_id, stage, "loss")
+
+
+def stage_metric(lifecycle_run_id: str, stage: str, key: str) -> dict[int, float]:
     """The ``loss`` history of a flow run's stage, as the flow logged it to MLflow: every stage run under the
     lifecycle run (a retry Job starts a new one: its pod has no emptyDir of the first), later attempts last."""
     from mlflow.tracking import MlflowClient
@@ -156,8 +160,21 @@ def stage_losses(lifecycle_run_id: str, stage: str) -> dict[int, float]:
     runs = sorted((r for r in runs if r.info.run_name.startswith(f"{stage}-")), key=lambda r: r.info.start_time)
     losses: dict[int, float] = {}
     for run in runs:
-        losses.update({m.step: m.value for m in client.get_metric_history(run.info.run_id, "loss")})
+        losses.update({m.step: m.value for m in client.get_metric_history(run.info.run_id, key)})
     return losses
+
+
+def _grpo_sandboxed():
+    from temper.lifecycle.params import EvalSettings
+
+    # python_functions (code_tests) in the training mix: GRPO's reward function in each training pod makes sandbox
+    # pods in temper-sandbox through KubernetesBackend. The eval suite stays the two in-process domains: the
+    # sandbox-verified eval is its own test below (queued code_tests records can time out there, see its comment)
+    return dict(domains=["arithmetic", "multiplication", "python_functions"],
+                eval=EvalSettings(limit=16, shards=2, domains=["arithmetic", "multiplication"]))
+
+
+GRPO_SANDBOXED = _grpo_sandboxed()
 
 
 @pytest.mark.timeout(1800)  # two whole post_training runs (~5 min each on 2 shared cores)
@@ -170,14 +187,14 @@ def test_post_training_on_the_cluster_equals_the_local_run(on_cluster):
     evictor.start()
     t = time.perf_counter()
     try:
-        state = post_training(_params("kubernetes"), return_state=True)
+        state = post_training(_params("kubernetes", **GRPO_SANDBOXED), return_state=True)
     finally:
         evictor.done.set()
     k8s_wall = time.perf_counter() - t
     assert state.is_completed(), state.message
     remote = state.result()
     t = time.perf_counter()
-    local_state = post_training(_params("local"), return_state=True)
+    local_state = post_training(_params("local", **GRPO_SANDBOXED), return_state=True)
     local_wall = time.perf_counter() - t
     assert local_state.is_completed(), local_state.message
     local = local_state.result()
@@ -214,6 +231,14 @@ def test_post_training_on_the_cluster_equals_the_local_run(on_cluster):
             f"{NS}_{job}-[01]-*/volumes/*/temper/runs/*/*/shards-rank*.json")}
         assert {"shards-rank0.json", "shards-rank1.json"} <= set(reports), (job, reports)
         assert all(0 < r["local_numel"] < r["full_numel"] for r in reports.values()), (job, reports)
+
+    # GRPO's code_tests rewards ran in sandbox pods made by the training pods (the eval pods made none: no code domain)
+    boxes = [p.name for p in (on_cluster.root / "pods").iterdir() if p.name.startswith(f"{SANDBOX_NS}_sandbox-")]
+    assert boxes, "no sandbox pod ran for GRPO's code_tests reward"
+    for key in ("reward_python_functions", "none_rate_python_functions"):
+        remote_m, local_m = (stage_metric(r["lifecycle_run_id"], "grpo", key) for r in (remote, local))
+        assert remote_m and remote_m == local_m, (key, remote_m, local_m)
+    print(f"GRPO: python_functions rewards from {len(boxes)} sandbox pod(s) equal the local run's (bubblewrap)")
 
     # the losses the flow logged to MLflow: the interrupted and resumed SFT and GRPO equal the local run's
     for stage, steps in (("sft", 20), ("grpo", 4)):
