@@ -280,18 +280,10 @@ def test_sandbox_verified_eval_runs_in_sandbox_pods_and_equals_local(on_cluster)
     assert remote == local and remote[0]["n"] == remote[0]["scored"] == 2, (remote, local)
     boxes = [p.name for p in (on_cluster.root / "pods").iterdir() if p.name.startswith(f"{SANDBOX_NS}_sandbox-")]
     assert boxes, "no sandbox pod ran in the sandbox namespace"
-    # the eval pod's pool should delete its boxes when the pod's process exits
-    try:
-        on_cluster.wait_for("sandbox pods deleted", lambda: not on_cluster.leftovers(SANDBOX_NS), timeout=60)
-    except TimeoutError:
-        pods = k.CoreV1Api(on_cluster.api_client).list_namespaced_pod(SANDBOX_NS).items
-        # Known defect, open on issue 15: passes on the k8s-flow branch, fails after its merge with the
-        # import layout of workloads/evaluate.py and infra/sandbox/pool.py on main (bisected to those two
-        # files, cause not found). Intermittent: on 2026-12-03 the same code passed once and xfailed once. The pods
-        # still end at their activeDeadlineSeconds. A delete the eval pod's pool tried and failed is in its log now.
-        said = [line for log in (on_cluster.root / "pods").glob(f"{NS}_eval-sandboxed-kubernetes-*/main/*.log")
-                for line in log.read_text(errors="replace").splitlines() if "sandbox pod" in line]
-        pytest.xfail(f"sandbox pods outlived the eval pod: {[p.metadata.name for p in pods]}; its log: {said[-4:]}")
+    # the eval pod's pool deletes its boxes when the pod's process ends (workloads/evaluate.py: close_shared). This
+    # failed intermittently until ClusterApi.exec got its own ApiClient: the client's exec swapped the shared
+    # client's transport for a websocket one, and the pool's deletes then failed ("Handshake status 200 OK")
+    on_cluster.wait_for("sandbox pods deleted", lambda: not on_cluster.leftovers(SANDBOX_NS), timeout=60)
 
 
 def _leftovers(cluster) -> dict:
