@@ -112,6 +112,13 @@ class ClusterApi:
         return self.batch.read_namespaced_job(name, namespace)
 
     @_reachable
+    def list_failed_creates(self, namespace: str, job: k.V1Job) -> list[k.CoreV1Event]:
+        """The Job controller's FailedCreate Events for this Job (this uid: not an earlier Job of the same name)."""
+        selector = (f"involvedObject.kind=Job,involvedObject.name={job.metadata.name},reason=FailedCreate"
+                    + (f",involvedObject.uid={job.metadata.uid}" if job.metadata.uid else ""))
+        return list(self.core.list_namespaced_event(namespace, field_selector=selector).items or [])
+
+    @_reachable
     def read_pod(self, namespace: str, name: str) -> k.V1Pod:
         return self.core.read_namespaced_pod(name, namespace)
 
@@ -164,9 +171,18 @@ class ClusterApi:
         # lazy: websocket (20 ms) would load in fast unit tests (test_k8s_failures.py)
         from websocket import WebSocketException
 
-        ws = stream(self.core.connect_get_namespaced_pod_exec, pod, namespace, container=container,
-                    command=argv, stdin=stdin is not None, stdout=True, stderr=True, tty=False,
-                    binary=True, _preload_content=False)
+        # Its own ApiClient: ``stream`` swaps the client's ``call_api`` for the websocket one while it connects
+        # and puts it back after, on the client object, for every thread. On the shared client, a delete or
+        # read from another thread meanwhile went out as a websocket handshake ("Handshake status 200 OK"),
+        # and two execs connecting at once could leave the swap in place for good, so every later call of the
+        # process failed: a sandbox pool's pods outlived its eval/training pod (their deletes failed).
+        exec_client = k.ApiClient(self.api_client.configuration)
+        try:
+            ws = stream(k.CoreV1Api(exec_client).connect_get_namespaced_pod_exec, pod, namespace, container=container,
+                        command=argv, stdin=stdin is not None, stdout=True, stderr=True, tty=False,
+                        binary=True, _preload_content=False)
+        finally:
+            exec_client.close()  # its HTTP pool only: the websocket is its own connection
         try:
             if stdin is not None:
                 ws.write_stdin(stdin)

@@ -6,7 +6,8 @@ The launcher is a small state machine over the thin ``ClusterApi`` layer:
              retried Prefect task finds the Job its previous attempt created)
     watch:   poll Job + pods every ``poll_interval_s``; start a log follower per pod once it
              runs; fail fast on states a Job never leaves by itself (image pull errors, a
-             missing Secret, pods Unschedulable past ``unschedulable_after_s``)
+             missing Secret, pods Unschedulable past ``unschedulable_after_s``, pods the Job
+             controller cannot create: its FailedCreate Events, below)
     finish:  Complete -> done; Failed -> ``JobFailed`` with the reason from pod statuses
              (OOMKilled, Evicted, DeadlineExceeded, ...); the headless Service is deleted
              (the Job is GC'd by ttlSecondsAfterFinished, so its logs stay readable a while)
@@ -22,6 +23,7 @@ from __future__ import annotations
 
 import threading
 import time
+from datetime import datetime, timezone
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -33,7 +35,7 @@ from infra.jobspec import JobSpec
 from infra.k8s import manifests as m
 from infra.k8s.errors import JobFailed, KubernetesError
 from infra.k8s.options import KubernetesOptions
-from infra.k8s.preflight import api_error_line
+from infra.k8s.preflight import api_error_line, demand_of, quota_refusal
 
 LogFn = Callable[[str], None]
 FAIL_FAST_WAITING = {
@@ -48,6 +50,8 @@ class Api(Protocol):
     def list_pods(self, namespace: str, label_selector: str) -> list[k.V1Pod]: ...
     def delete(self, kind: str, namespace: str, name: str) -> None: ...
     def stream_log(self, namespace: str, pod: str, container: str): ...
+    def list_failed_creates(self, namespace: str, job: k.V1Job) -> list[k.CoreV1Event]: ...
+    def list_resource_quotas(self, namespace: str) -> list[k.V1ResourceQuota]: ...
 
 
 @dataclass
@@ -146,6 +150,48 @@ def classify(job: k.V1Job, pods: list[k.V1Pod], unschedulable_for_s: float, opts
     return Outcome("running")
 
 
+def failed_create(job: k.V1Job, events: list[k.CoreV1Event], refusal: str | None, blocked_for_s: float,
+                  opts: KubernetesOptions) -> Outcome | None:
+    """Pure: the Job controller could not create the Job's pods (its FailedCreate Events) -> failed, or None.
+
+    The Job itself never fails for this: the controller retries with back-off until
+    activeDeadlineSeconds, so without reading the Events a missing service account or an
+    admission refusal costs the whole deadline. A refusal by a ResourceQuota can pass once other
+    pods end, so it fails at once only when the quota could never admit the Job (``refusal``, from
+    ``preflight.quota_refusal``), else after ``unschedulable_after_s`` of refusals, as Unschedulable does.
+    """
+    if not events:
+        return None
+    newest = max(events, key=lambda e: (_when(e), e.count or 0))
+    said = " ".join((newest.message or "").split())[:400]
+    where = f"the Job controller cannot create its pods ({said})"
+    if "exceeded quota" not in said:
+        return Outcome("failed", "FailedCreate", f"{where}; fix what the message names (service account, "
+                       "PriorityClass, RuntimeClass, admission policy) and run again", False)
+    if refusal:
+        return Outcome("failed", "FailedCreate", f"{where}; {refusal}", False)
+    if blocked_for_s >= opts.unschedulable_after_s:
+        return Outcome("failed", "FailedCreate", f"{where} for {blocked_for_s:.0f}s; the namespace's ResourceQuota "
+                       "stayed full: wait for other runs or raise the quota", False)
+    return None
+
+
+def _when(event: k.CoreV1Event) -> datetime:
+    return event.last_timestamp or event.event_time or event.first_timestamp or datetime.min.replace(tzinfo=timezone.utc)
+
+
+def _missing_pods(job: k.V1Job, pods: list[k.V1Pod]) -> bool:
+    """Fewer pods than the Job runs at once (and it is neither finished nor suspended): some could not be made."""
+    spec = job.spec
+    if spec is None or spec.suspend or _condition(job, "Complete") or _condition(job, "Failed"):
+        return False
+    done = (job.status.succeeded or 0) if job.status else 0
+    want = min(spec.parallelism or 1, (spec.completions or spec.parallelism or 1) - done)
+    live = [p for p in pods if not (p.metadata and p.metadata.deletion_timestamp)
+            and (p.status is None or p.status.phase not in ("Succeeded", "Failed"))]
+    return len(live) < want
+
+
 def _unschedulable(pods: list[k.V1Pod]) -> bool:
     return any(c.type == "PodScheduled" and c.status == "False" and c.reason == "Unschedulable"
                for p in pods for c in ((p.status.conditions if p.status else None) or []))
@@ -207,6 +253,7 @@ class KubernetesLauncher:
         pending = {j.metadata.name for j in attempt.jobs}
         followers: dict[str, threading.Thread] = {}
         unschedulable_since: dict[str, float] = {}
+        refused_since: dict[str, float] = {}
         keep: set[str] = set()  # finished Jobs stay until their TTL (logs, post-mortem)
         try:
             while pending:
@@ -222,6 +269,8 @@ class KubernetesLauncher:
                     else:
                         unschedulable_since.pop(name, None)
                     outcome = classify(job, pods, now - unschedulable_since.get(name, now), self.opts, limits)
+                    if outcome.state == "running":
+                        outcome = self._failed_create(attempt, job, pods, refused_since, now) or outcome
                     if outcome.state == "succeeded":
                         on_log(f"job {name} complete")
                         pending.discard(name)
@@ -239,6 +288,23 @@ class KubernetesLauncher:
             for t in followers.values():
                 t.join(timeout=10)
         self._delete_services(attempt)
+
+    def _failed_create(self, attempt: Attempt, job: k.V1Job, pods: list[k.V1Pod], since: dict[str, float],
+                       now: float) -> Outcome | None:
+        """Read the Job's FailedCreate Events when it has fewer pods than it should (one list call then)."""
+        name = job.metadata.name
+        events = self.api.list_failed_creates(attempt.namespace, job) if _missing_pods(job, pods) else []
+        made = [p.metadata.creation_timestamp for p in pods if p.metadata and p.metadata.creation_timestamp]
+        if made:  # a pod made after an Event (the same second counts as after it): that cause has passed
+            events = [e for e in events if _when(e) >= max(made).replace(microsecond=0)]
+        if not events:
+            since.pop(name, None)
+            return None
+        since.setdefault(name, now)
+        refusal = None
+        if any("exceeded quota" in (e.message or "") for e in events):
+            refusal = quota_refusal(self.api.list_resource_quotas(attempt.namespace), demand_of(attempt.objects), name)
+        return failed_create(job, events, refusal, now - since[name], self.opts)
 
     def _follow_logs(self, ns: str, pods: list[k.V1Pod], followers: dict, on_log: LogFn) -> None:
         for pod in pods:

@@ -26,10 +26,10 @@ from kubernetes.utils import parse_quantity
 from infra.k8s.errors import KubernetesError
 
 # What the launcher calls, as (verb, resource, group, subresource): create/read/delete the Job and
-# its headless Service, list the Job's pods, follow their logs.
+# its headless Service, list the Job's pods, follow their logs, list its FailedCreate Events.
 LAUNCHER_VERBS = [("create", "jobs", "batch", None), ("get", "jobs", "batch", None), ("delete", "jobs", "batch", None),
                   ("create", "services", "", None), ("delete", "services", "", None), ("list", "pods", "", None),
-                  ("get", "pods", "", "log")]
+                  ("get", "pods", "", "log"), ("list", "events", "", None)]
 QUOTA_KEYS = {"requests.cpu", "requests.memory", "limits.cpu", "limits.memory", "cpu", "memory", "pods",
               "requests.nvidia.com/gpu", "count/jobs.batch", "services"}
 

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import io
 import json
+import logging
 import secrets
 import tarfile
 import time
@@ -43,6 +44,8 @@ from infra.k8s.launcher import FAIL_FAST_WAITING
 from infra.k8s.options import KubernetesOptions
 from infra.sandbox.api import Limits, Outcome, Profile, Result, SandboxError, safe_relpath
 from infra.sandbox.bwrap import BASE_ENV
+
+log = logging.getLogger(__name__)
 from infra.sandbox.process import classify
 
 EXECUTOR_SOURCE = Path(sandbox_exec.__file__).read_text()
@@ -204,8 +207,9 @@ class KubernetesBackend:
         """Best effort: a pod that cannot be deleted now still dies at its activeDeadlineSeconds."""
         try:
             self.api.delete("Pod", self.opts.sandbox_ns, pod_name)
-        except EXEC_ERRORS:
-            pass
+        except EXEC_ERRORS as e:  # said, not swallowed: a pod outliving its job must leave a trace in the job's log
+            log.warning("sandbox pod %s/%s: delete failed (%s); it ends at its deadline", self.opts.sandbox_ns, pod_name,
+                        " ".join(str(e).split())[:200])
 
 
 class KubernetesBox:

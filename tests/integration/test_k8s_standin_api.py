@@ -148,3 +148,32 @@ def test_exec_reports_a_missing_executable_and_a_pod_that_is_not_running(k8s_clu
     start = time.monotonic()
     api.delete("Pod", NS, "idle")
     assert phase(api, "idle") is None and time.monotonic() - start < 5
+
+
+def test_execs_from_several_threads_leave_the_other_calls_alone(k8s_cluster):
+    """A sandbox pool execs from several threads while others read and delete pods on the same ClusterApi.
+    The client's ``stream`` swaps ``call_api`` on the ApiClient it is given while it connects: on the shared
+    client, a concurrent read went out as a websocket handshake ("Handshake status 200 OK") and overlapping
+    swaps could leave it in place for good (every later delete failed: sandbox pods outlived their job)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    api = ClusterApi(k8s_cluster.api_client)
+    k8s_cluster.create_namespace(NS)
+    for i in range(2):
+        api.create(pod(f"busy-{i}", ["sleep", "60"]))
+    k8s_cluster.wait_for("pods running", lambda: all(phase(api, f"busy-{i}") == "Running" for i in range(2)))
+
+    def execs(i: int) -> list:
+        return [api.exec(NS, f"busy-{i % 2}", m.MAIN_CONTAINER, ["true"], None, 10)[0] for _ in range(6)]
+
+    def reads(_: int) -> list:
+        return [api.read_pod(NS, "busy-0").metadata.name for _ in range(40)]
+
+    with ThreadPoolExecutor(8) as pool:
+        runs = [pool.submit(execs, i) for i in range(4)] + [pool.submit(reads, i) for i in range(4)]
+        results = [r.result() for r in runs]  # a read that went out as a handshake raises here
+    assert results[:4] == [[0] * 6] * 4 and all(r == ["busy-0"] * 40 for r in results[4:])
+    assert type(api.api_client).call_api is api.api_client.call_api.__func__  # not left swapped
+    for i in range(2):
+        api.delete("Pod", NS, f"busy-{i}")
+    assert phase(api, "busy-0") is None and phase(api, "busy-1") is None

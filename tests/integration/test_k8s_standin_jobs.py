@@ -3,7 +3,7 @@
 Each Job here is ``infra.k8s.manifests.training_job`` (Indexed, podFailurePolicy, headless-Service
 DNS) with the container's command swapped for a short script, so the Job controller, scheduler,
 kubelet and fault injection are exercised in seconds; the real training run is in
-test_k8s_standin_training.py.
+test_flow_post_training_k8s.py (through the flow).
 """
 
 from __future__ import annotations
@@ -157,21 +157,48 @@ def test_bad_input_fails_in_one_line_naming_the_object_and_leaves_nothing(k8s_cl
     assert "created Service temper/refused" in lines and "deleted Service temper/refused" in lines
     assert k8s_cluster.leftovers(NS) == {}  # what the attempt created is gone
 
-    # A Job whose pods can never be created (no such service account): the Job exists, its pods do
-    # not, and the Job controller says why in a FailedCreate Event (as kube-controller-manager does).
-    k.CoreV1Api(k8s_cluster.api_client).delete_namespaced_resource_quota("no-jobs", NS)
-    objs = job_with("no-sa", "true")
-    objs[-1].spec.template.spec.service_account_name = "nobody"
-    attempt = launcher(k8s_cluster).submit(objs, lambda _: None)
-    core = k.CoreV1Api(k8s_cluster.api_client)
-    events = k8s_cluster.wait_for("FailedCreate event", lambda: core.list_namespaced_event(
-        NS, field_selector="involvedObject.name=no-sa").items)
-    assert events[0].reason == "FailedCreate" and 'serviceaccount "nobody" not found' in events[0].message
-    assert pods_of(k8s_cluster, "no-sa") == []
-    launcher(k8s_cluster).cleanup(attempt, lambda _: None)
-
     unreachable = KubernetesLauncher(ClusterApi(k.ApiClient(k.Configuration(host="http://127.0.0.1:9"))), OPTS)
     with pytest.raises(KubernetesError) as e:
         unreachable.run(spec("offline"), on_log=lambda _: None)
     assert "\n" not in str(e.value) and "127.0.0.1:9" in str(e.value)
     assert k8s_cluster.leftovers(NS) == {}
+
+
+def _objects(cluster, kinds=("Job", "Pod", "Service")) -> dict[str, list[str]]:
+    """What is left, through the API, once the garbage collector had its time (Background deletion)."""
+    try:
+        cluster.wait_for("nothing left", lambda: not {k_: v for k_, v in cluster.leftovers(NS).items() if k_ in kinds})
+    except TimeoutError:
+        pass
+    return {k_: v for k_, v in cluster.leftovers(NS).items() if k_ in kinds}
+
+
+def test_pods_the_job_controller_cannot_create_fail_the_launcher_at_once(k8s_cluster):
+    """The Job is admitted but its pods are not (no such service account; a pod-count quota below the
+    gang): the controller only records FailedCreate Events and retries until activeDeadlineSeconds, so the
+    launcher reads them and fails in one line naming the Job and the Event, deleting the Job and Service."""
+    k8s_cluster.create_namespace(NS)
+    no_sa = OPTS.model_copy(update={"service_account": "nobody"})
+    lines: list[str] = []
+    start = time.monotonic()
+    with pytest.raises(JobFailed) as e:  # spec timeout_s=60: the deadline the Job would otherwise wait for
+        KubernetesLauncher(ClusterApi(k8s_cluster.api_client), no_sa).run(spec("no-sa"), on_log=lines.append)
+    line = str(e.value)
+    assert time.monotonic() - start < 10, line
+    assert e.value.reason == "FailedCreate" and not e.value.retriable and "\n" not in line
+    assert line.startswith("job 'no-sa': FailedCreate:") and 'serviceaccount "nobody" not found' in line, line
+    assert "deleted Job temper/no-sa" in lines and "deleted Service temper/no-sa" in lines
+    assert _objects(k8s_cluster) == {}
+
+    # one rank's pod is created, the other never is: a pod-count quota of 1 for a 2-rank gang
+    k.CoreV1Api(k8s_cluster.api_client).create_namespaced_resource_quota(NS, k.V1ResourceQuota(
+        metadata=k.V1ObjectMeta(name="pod-count"), spec=k.V1ResourceQuotaSpec(hard={"pods": "1"})))
+    start = time.monotonic()
+    with pytest.raises(JobFailed) as e:
+        launcher(k8s_cluster).run(spec("one-pod"), on_log=lambda _: None)
+    line = str(e.value)
+    assert time.monotonic() - start < 10, line
+    assert line.startswith("job 'one-pod': FailedCreate:") and "exceeded quota: pod-count" in line, line
+    assert "ResourceQuota temper/pod-count: allows pods=1 in total, but job 'one-pod' needs 2" in line
+    assert _objects(k8s_cluster) == {}  # the Job, its one pod (by cascade) and the Service
+    assert k8s_cluster.processes() == 0

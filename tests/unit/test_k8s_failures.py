@@ -171,6 +171,83 @@ def test_unschedulable_is_not_failed_while_kueue_holds_the_job():
     assert classify(job, pods, OPTS.unschedulable_after_s - 1, opts).state == "running"
 
 
+def failed_create_event(job: str, message: str, at: str = T0) -> dict:
+    """What kube-controller-manager's job controller records when it cannot create a pod."""
+    return {"metadata": {"name": f"{job}.1834a5b0c2d4e6f8", "namespace": "temper"}, "type": "Warning",
+            "reason": "FailedCreate", "message": message, "count": 3, "firstTimestamp": T0, "lastTimestamp": at,
+            "involvedObject": {"kind": "Job", "namespace": "temper", "name": job, "apiVersion": "batch/v1"},
+            "source": {"component": "job-controller"}}
+
+
+class Refusing(FakeApi):
+    """The Job exists but the controller's pod creates are refused: its FailedCreate Events say why."""
+
+    def __init__(self, events, pods=(), quotas=()):
+        super().__init__({"active": len(pods), "startTime": T0}, pods=pods)
+        self.events = [k.CoreV1Event.model_validate(e) for e in events]
+        self.quotas = [k.V1ResourceQuota.model_validate(q) for q in quotas]
+
+    def list_failed_creates(self, ns, job):
+        return [e for e in self.events if e.involved_object.name == job.metadata.name]
+
+    def list_resource_quotas(self, ns):
+        return self.quotas
+
+
+NO_SA = ('Error creating: pods "sft-abc-0-" is forbidden: error looking up service account temper/temper-workload: '
+         'serviceaccount "temper-workload" not found')
+QUOTA = ('Error creating: pods "sft-abc-1-" is forbidden: exceeded quota: pod-count, requested: pods=1, used: pods=1, '
+         "limited: pods=1")
+
+
+def test_pods_that_cannot_be_created_fail_at_once_naming_the_job_and_the_event():
+    api = Refusing([failed_create_event("sft-abc", NO_SA)])
+    launcher, now = _launcher(api)
+    with pytest.raises(JobFailed) as e:
+        launcher.run(_train(), lambda s: None)
+    line = str(e.value)
+    assert e.value.reason == "FailedCreate" and not e.value.retriable and "\n" not in line
+    assert line.startswith("job 'sft-abc': FailedCreate:") and 'serviceaccount "temper-workload" not found' in line
+    assert now[0] == 0 and "sft-abc-r1" not in api.created  # no wait for activeDeadlineSeconds, no retry
+    assert ("Job", "sft-abc") in api.deleted and ("Service", "sft-abc") in api.deleted
+
+
+def test_a_quota_that_can_never_admit_fails_at_once_and_a_full_one_after_the_grace_period():
+    rank0 = pod("sft-abc-0-x7p2q", "Running")
+    rank0["metadata"]["creationTimestamp"] = T0
+    quota = {"metadata": {"name": "pod-count", "namespace": "temper"}, "spec": {"hard": {"pods": "1"}}}
+    api = Refusing([failed_create_event("sft-abc", QUOTA)], pods=[rank0], quotas=[quota])
+    launcher, now = _launcher(api)
+    with pytest.raises(JobFailed) as e:
+        launcher.run(_train(), lambda s: None)
+    assert now[0] == 0 and "exceeded quota: pod-count" in str(e.value)
+    assert "ResourceQuota temper/pod-count: allows pods=1 in total, but job 'sft-abc' needs 2" in str(e.value)
+
+    quota["spec"]["hard"]["pods"] = "10"  # room for the Job once other runs' pods end: wait, as for Unschedulable
+    api = Refusing([failed_create_event("sft-abc", QUOTA)], pods=[rank0], quotas=[quota])
+    launcher, now = _launcher(api)
+    with pytest.raises(JobFailed) as e:
+        launcher.run(_train(), lambda s: None)
+    assert OPTS.unschedulable_after_s <= now[0] < OPTS.unschedulable_after_s + 2 * OPTS.poll_interval_s
+    assert e.value.reason == "FailedCreate" and "stayed full" in str(e.value)
+
+
+def test_a_failed_create_older_than_the_newest_pod_is_history():
+    """A refusal the controller has since got past (a pod was made after it) is not this poll's cause."""
+    from infra.k8s.launcher import failed_create
+
+    rank0 = k.V1Pod.model_validate({**pod("sft-abc-0-x7p2q", "Running"),
+                                    "metadata": {"name": "sft-abc-0-x7p2q", "creationTimestamp": "2026-11-02T10:05:00Z"}})
+    job = k.V1Job.model_validate({"metadata": {"name": "sft-abc"}, "spec": {"parallelism": 2, "completions": 2,
+                                  "template": {"spec": {"containers": [{"name": "main"}]}}}, "status": {"active": 1}})
+    api = Refusing([failed_create_event("sft-abc", NO_SA)])
+    launcher, _ = _launcher(api)
+    attempt = launcher.submit([job.model_copy(update={"metadata": k.V1ObjectMeta(name="sft-abc", namespace="temper")})])
+    assert launcher._failed_create(attempt, job, [rank0], {}, 0.0) is None
+    assert launcher._failed_create(attempt, job, [], {}, 0.0).reason == "FailedCreate"
+    assert failed_create(job, [], None, 1e9, OPTS) is None
+
+
 @pytest.mark.parametrize("reason,expect", [
     ("ErrImagePull", "ImagePullBackOff"), ("InvalidImageName", "ImagePullBackOff"),
     ("CreateContainerConfigError", "CreateContainerConfigError")])

@@ -95,6 +95,12 @@ class FakeApi:
     def stream_log(self, ns, pod, container):
         return iter(["step 1 loss 2.0"])
 
+    def list_failed_creates(self, ns, job):
+        return []
+
+    def list_resource_quotas(self, ns):
+        return []
+
 
 FAILED = {"conditions": [{"type": "Failed", "status": "True", "reason": "PodFailurePolicy"}]}
 OOM_POD = {"metadata": {"name": "sft-abc-0-x"}, "status": {"phase": "Failed", "containerStatuses": [

@@ -231,7 +231,8 @@ ROLE_GRANTS = {
     | {("", "services", "create"), ("", "services", "delete")}
     | {("", "pods", v) for v in ("create", "get", "list", "delete")} | {("", "pods/log", "get")}
     | {("", "pods/exec", "create"), ("", "pods/exec", "get")}
-    | {("", "serviceaccounts", "get"), ("", "resourcequotas", "list")},  # infra/k8s/preflight.py
+    | {("", "serviceaccounts", "get"), ("", "resourcequotas", "list")}  # infra/k8s/preflight.py
+    | {("", "events", "list")},  # the launcher: a Job's FailedCreate Events
     # training/eval pods, in the sandbox namespace only: infra/sandbox/kubernetes.py KubernetesBackend
     "temper-sandbox-creator": {("", "pods", v) for v in ("create", "get", "delete")}
     | {("", "pods/exec", "create"), ("", "pods/exec", "get")},
