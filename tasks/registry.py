@@ -7,7 +7,7 @@ from prefect.client.orchestration import get_client
 from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
 from prefect.runtime import flow_run
 
-from data_contracts.runner import DomainReport
+from data_contracts.report import DomainReport
 from infra import lineage
 from infra.storage import local_folder
 from temper.core.errors import TemperError

@@ -16,9 +16,10 @@ import threading
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from data_contracts.model import Contract, load_contracts
-from data_contracts.runner import DomainReport, GXRunner
+from data_contracts.report import DomainReport
 from infra.lineage import log_dataset
 from infra.storage import join, put_dir
 from temper.core.errors import DatasetError
@@ -28,6 +29,9 @@ from temper.data.datasets import load_dataset
 from temper.data.domain import Domain
 from temper.data.packs import contract_for
 from temper.verifiers import get_verifier
+
+if TYPE_CHECKING:
+    from data_contracts.runner import GXRunner
 
 
 @dataclass
@@ -83,11 +87,13 @@ def validate_domains(domains: list[Domain], settings: Settings | None = None, *,
                      progress: bool = False) -> ValidationSummary:
     """Every domain through its contract; reports come back in the order of ``domains``.
 
-    GX costs ~0.1 s per domain of pure Python (its metric graph per expectation), so at hundreds
-    of domains the checks are split into contiguous chunks run by ``workers`` processes, each with
-    its own GX context (and, with docs, its own Data Docs site under ``part-<k>/``, linked from one
-    index page). ``workers=None`` picks one per CPU when there are enough domains to repay a
-    worker's start-up (GX import ~4 s), else validates in this process.
+    GX costs ~5 ms of pure Python per expectation run (its metric graph), ~60-120 ms for a
+    domain (see ``data_contracts.runner``), so at hundreds of domains the checks are split into
+    contiguous chunks run by ``workers`` processes, each with its own GX context (and, with docs,
+    its own Data Docs site under ``part-<k>/``, linked from one index page). ``workers=None``
+    picks one per CPU when there are enough domains to repay a worker's start-up (GX import
+    ~3 s), else validates in this process. This process imports GX only when it validates
+    itself: the workers import it in parallel, so a parent's import would only add to the wall.
     """
     settings = settings or get_settings()
     contracts = contracts if contracts is not None else load_contracts(settings.resolved_contracts_dir)
@@ -119,6 +125,8 @@ PARALLEL_MIN_DOMAINS = 24  # below this a worker's start-up costs more than it s
 def _validate_chunk(pairs: list[tuple[Domain, Contract | None]], settings: Settings, docs_dir: Path | None,
                     progress: bool) -> list[DomainReport]:
     """One GX context validates a run of domains (in this process or a worker) and builds their docs."""
+    from data_contracts.runner import GXRunner  # lazy: GX (~3 s) only where checks run
+
     runner = GXRunner(docs_dir=docs_dir)
     items = pairs
     if progress:
@@ -171,6 +179,8 @@ class SharedValidator:
             return self._pool.submit(_validate_in_worker, domain, contract, settings).result()
         with self._lock:
             if self._runner is None:
+                from data_contracts.runner import GXRunner  # lazy: GX (~3 s) only where checks run
+
                 self._runner = GXRunner()
             return validate_domain(domain, contract, self._runner, settings)
 
@@ -179,6 +189,8 @@ _WORKER_RUNNER: GXRunner | None = None
 
 
 def _init_worker_runner() -> None:
+    from data_contracts.runner import GXRunner  # lazy: GX (~3 s) only in the worker that checks
+
     global _WORKER_RUNNER
     _WORKER_RUNNER = GXRunner()
 
