@@ -111,7 +111,7 @@ def validate_domains(domains: list[Domain], settings: Settings | None = None, *,
             futures = [pool.submit(_validate_chunk, c, settings, part, False) for c, part in zip(chunks, parts)]
             reports = [r for f in futures for r in f.result()]
         if build_docs:
-            _write_parts_index(docs_local, parts, chunks)
+            _write_parts_index(docs_local, parts, chunks, reports)
     docs_uri = None
     if build_docs and any(r.expectations for r in reports):
         docs_uri = join(settings.resolved_storage_root, "validation", "data_docs")
@@ -140,14 +140,22 @@ def _validate_chunk(pairs: list[tuple[Domain, Contract | None]], settings: Setti
     return reports
 
 
-def _write_parts_index(root: Path, parts: list[Path], chunks: list[list[tuple[Domain, Contract | None]]]) -> None:
-    """One page linking each worker's Data Docs site, with the domains it holds."""
-    rows = "".join(
-        f'<li><a href="{part.name}/index.html">{html.escape(chunk[0][0].name)} .. '
-        f'{html.escape(chunk[-1][0].name)}</a> ({len(chunk)} domains)</li>'
-        for part, chunk in zip(parts, chunks))
+def _write_parts_index(root: Path, parts: list[Path], chunks: list[list[tuple[Domain, Contract | None]]],
+                       reports: list[DomainReport]) -> None:
+    """One page linking each worker's Data Docs site, with the domains it holds and which of them
+    failed (at hundreds of domains the failing few are what a person opens the docs for)."""
+    failed = {r.domain for r in reports if not r.success}
+    items, failing = [], []
+    for part, chunk in zip(parts, chunks):
+        bad = [d.name for d, _ in chunk if d.name in failed]
+        items.append(f'<li><a href="{part.name}/index.html">{html.escape(chunk[0][0].name)} .. '
+                     f'{html.escape(chunk[-1][0].name)}</a> ({len(chunk)} domains, {len(bad)} failing)</li>')
+        failing += [f'<li><a href="{part.name}/index.html">{html.escape(n)}</a></li>' for n in bad]
+    summary = f"<h2>Failing domains ({len(failing)})</h2><ul>{''.join(failing)}</ul>" if failing else \
+        "<p>Every domain passes its contract.</p>"
     root.mkdir(parents=True, exist_ok=True)
-    (root / "index.html").write_text(f"<!doctype html><title>temper data docs</title><h1>Data Docs</h1><ul>{rows}</ul>")
+    (root / "index.html").write_text(f"<!doctype html><title>temper data docs</title><h1>Data Docs</h1>{summary}"
+                                     f"<h2>Sites</h2><ul>{''.join(items)}</ul>")
 
 
 def validation_workers(n_domains: int) -> int:
