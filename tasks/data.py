@@ -8,7 +8,7 @@ from prefect import task
 from prefect.context import TaskRunContext
 
 from data_contracts.model import Contract, load_contracts
-from data_contracts.runner import DomainReport
+from data_contracts.report import DomainReport
 from infra import lineage
 from infra.lineage import config_hash
 from temper.core.errors import DatasetError

@@ -8,7 +8,7 @@ from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
 from prefect.logging.loggers import flow_run_logger
 from prefect.runtime import flow_run
 
-from data_contracts.runner import DomainReport
+from data_contracts.report import DomainReport
 from infra import lineage
 from infra.storage import local_folder
 from tasks.tracking import MLFLOW_RETRY

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from prefect import task
 
-from data_contracts.runner import DomainReport
+from data_contracts.report import DomainReport
 from infra import lineage
 from temper.core.errors import TrackingUnreachable
 from temper.core.settings import get_settings

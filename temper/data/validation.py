@@ -16,9 +16,10 @@ import threading
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from data_contracts.model import Contract, load_contracts
-from data_contracts.runner import DomainReport, GXRunner
+from data_contracts.report import DomainReport
 from infra.lineage import log_dataset
 from infra.storage import join, put_dir
 from temper.core.errors import DatasetError
@@ -28,6 +29,9 @@ from temper.data.datasets import load_dataset
 from temper.data.domain import Domain
 from temper.data.packs import contract_for
 from temper.verifiers import get_verifier
+
+if TYPE_CHECKING:
+    from data_contracts.runner import GXRunner
 
 
 @dataclass
@@ -83,11 +87,13 @@ def validate_domains(domains: list[Domain], settings: Settings | None = None, *,
                      progress: bool = False) -> ValidationSummary:
     """Every domain through its contract; reports come back in the order of ``domains``.
 
-    GX costs ~0.1 s per domain of pure Python (its metric graph per expectation), so at hundreds
-    of domains the checks are split into contiguous chunks run by ``workers`` processes, each with
-    its own GX context (and, with docs, its own Data Docs site under ``part-<k>/``, linked from one
-    index page). ``workers=None`` picks one per CPU when there are enough domains to repay a
-    worker's start-up (GX import ~4 s), else validates in this process.
+    GX costs ~5 ms of pure Python per expectation run (its metric graph), ~60-120 ms for a
+    domain (see ``data_contracts.runner``), so at hundreds of domains the checks are split into
+    contiguous chunks run by ``workers`` processes, each with its own GX context (and, with docs,
+    its own Data Docs site under ``part-<k>/``, linked from one index page). ``workers=None``
+    picks one per CPU when there are enough domains to repay a worker's start-up (GX import
+    ~3 s), else validates in this process. This process imports GX only when it validates
+    itself: the workers import it in parallel, so a parent's import would only add to the wall.
     """
     settings = settings or get_settings()
     contracts = contracts if contracts is not None else load_contracts(settings.resolved_contracts_dir)
@@ -105,7 +111,7 @@ def validate_domains(domains: list[Domain], settings: Settings | None = None, *,
             futures = [pool.submit(_validate_chunk, c, settings, part, False) for c, part in zip(chunks, parts)]
             reports = [r for f in futures for r in f.result()]
         if build_docs:
-            _write_parts_index(docs_local, parts, chunks)
+            _write_parts_index(docs_local, parts, chunks, reports)
     docs_uri = None
     if build_docs and any(r.expectations for r in reports):
         docs_uri = join(settings.resolved_storage_root, "validation", "data_docs")
@@ -119,6 +125,8 @@ PARALLEL_MIN_DOMAINS = 24  # below this a worker's start-up costs more than it s
 def _validate_chunk(pairs: list[tuple[Domain, Contract | None]], settings: Settings, docs_dir: Path | None,
                     progress: bool) -> list[DomainReport]:
     """One GX context validates a run of domains (in this process or a worker) and builds their docs."""
+    from data_contracts.runner import GXRunner  # lazy: GX (~3 s) only where checks run
+
     runner = GXRunner(docs_dir=docs_dir)
     items = pairs
     if progress:
@@ -132,14 +140,22 @@ def _validate_chunk(pairs: list[tuple[Domain, Contract | None]], settings: Setti
     return reports
 
 
-def _write_parts_index(root: Path, parts: list[Path], chunks: list[list[tuple[Domain, Contract | None]]]) -> None:
-    """One page linking each worker's Data Docs site, with the domains it holds."""
-    rows = "".join(
-        f'<li><a href="{part.name}/index.html">{html.escape(chunk[0][0].name)} .. '
-        f'{html.escape(chunk[-1][0].name)}</a> ({len(chunk)} domains)</li>'
-        for part, chunk in zip(parts, chunks))
+def _write_parts_index(root: Path, parts: list[Path], chunks: list[list[tuple[Domain, Contract | None]]],
+                       reports: list[DomainReport]) -> None:
+    """One page linking each worker's Data Docs site, with the domains it holds and which of them
+    failed (at hundreds of domains the failing few are what a person opens the docs for)."""
+    failed = {r.domain for r in reports if not r.success}
+    items, failing = [], []
+    for part, chunk in zip(parts, chunks):
+        bad = [d.name for d, _ in chunk if d.name in failed]
+        items.append(f'<li><a href="{part.name}/index.html">{html.escape(chunk[0][0].name)} .. '
+                     f'{html.escape(chunk[-1][0].name)}</a> ({len(chunk)} domains, {len(bad)} failing)</li>')
+        failing += [f'<li><a href="{part.name}/index.html">{html.escape(n)}</a></li>' for n in bad]
+    summary = f"<h2>Failing domains ({len(failing)})</h2><ul>{''.join(failing)}</ul>" if failing else \
+        "<p>Every domain passes its contract.</p>"
     root.mkdir(parents=True, exist_ok=True)
-    (root / "index.html").write_text(f"<!doctype html><title>temper data docs</title><h1>Data Docs</h1><ul>{rows}</ul>")
+    (root / "index.html").write_text(f"<!doctype html><title>temper data docs</title><h1>Data Docs</h1>{summary}"
+                                     f"<h2>Sites</h2><ul>{''.join(items)}</ul>")
 
 
 def validation_workers(n_domains: int) -> int:
@@ -171,6 +187,8 @@ class SharedValidator:
             return self._pool.submit(_validate_in_worker, domain, contract, settings).result()
         with self._lock:
             if self._runner is None:
+                from data_contracts.runner import GXRunner  # lazy: GX (~3 s) only where checks run
+
                 self._runner = GXRunner()
             return validate_domain(domain, contract, self._runner, settings)
 
@@ -179,6 +197,8 @@ _WORKER_RUNNER: GXRunner | None = None
 
 
 def _init_worker_runner() -> None:
+    from data_contracts.runner import GXRunner  # lazy: GX (~3 s) only in the worker that checks
+
     global _WORKER_RUNNER
     _WORKER_RUNNER = GXRunner()
 

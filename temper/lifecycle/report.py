@@ -5,7 +5,7 @@ from __future__ import annotations
 import csv
 import io
 
-from data_contracts.runner import DomainReport
+from data_contracts.report import DomainReport
 
 # Past this many domains a report summarises; the full per-domain table goes to MLflow (CSV) and
 # to a Prefect table artifact, where a person can sort and search it.

@@ -103,3 +103,54 @@ def test_unknown_rule_in_contract_file(tmp_path):
     p.write_text("name: c\ncolumns: {id: {type: str}}\nrules: [{rule: vibes, column: id}]\n")
     with pytest.raises(ContractError, match=r"c\.yaml.*unknown rule 'vibes'"):
         load_contract(p)
+
+
+def _one_suite_per_domain_summary(contract, frame):
+    """The runner as it was before its fast path: a fresh context, suite, asset and validation
+    definition for the domain, and every expectation run with SUMMARY details."""
+    import great_expectations as gx
+
+    from data_contracts.compiler import compile_suite, prepare_frame
+
+    ctx = gx.get_context(mode="ephemeral")
+    prepared = prepare_frame(contract, frame)
+    suite = ctx.suites.add(compile_suite(contract, name="reference"))
+    batch = ctx.data_sources.add_pandas("ref").add_dataframe_asset(name="ref").add_batch_definition_whole_dataframe("ref")
+    vd = ctx.validation_definitions.add(gx.ValidationDefinition(name="reference", data=batch, suite=suite))
+    result = vd.run(batch_parameters={"dataframe": prepared},
+                    result_format={"result_format": "SUMMARY", "partial_unexpected_count": 5})
+    return bool(result.success), len(result.results), [GXRunner._failure(r, prepared) for r in result.results
+                                                        if not r.success]
+
+
+def test_fast_path_reports_exactly_what_a_fresh_summary_run_reports():
+    """One suite per contract, a pass/fail screen and details only for failing domains (the fast
+    path) must not change a report: same pass/fail, same failing checks, counts and samples."""
+    contract = load_contracts(CONTRACTS)["arithmetic"]
+    base = generate("arithmetic", 300, 0, 0.1, {})
+    broken = {"clean": base.copy()}
+    df = base.copy()
+    df.loc[3, "answer"], df.loc[9, "answer"] = "forty-two", "x"
+    broken["rule"] = df
+    df = base.copy()
+    df.loc[1, "id"], df.loc[2, "split"], df.loc[5, "question"] = df.loc[0, "id"], "test", None
+    broken["unique+allowed+null"] = df
+    df = base.copy()
+    df["split"] = "eval"
+    broken["split ratio"] = df
+    broken["missing column"] = base.drop(columns=["reference"])
+    df = base.copy()
+    df.loc[4, "question"], df.loc[6, "question"] = "1 ^ 2", "x" * 80
+    broken["regex+length"] = df
+    df = base.copy()
+    df["answer"] = df["answer"].astype(object)
+    df.loc[7, "answer"] = 7
+    broken["type"] = df
+    screened, detailed = GXRunner(screen=True), GXRunner(screen=False)  # each reused across domains, as at scale
+    for _ in range(2):  # a second round reuses the cached suite and definition
+        for name, frame in broken.items():
+            success, n, failures = _one_suite_per_domain_summary(contract, frame)
+            assert (name == "clean") == success
+            for runner in (screened, detailed):
+                report = check(runner, contract, frame)
+                assert (report.success, report.expectations, report.failures) == (success, n, failures), name
