@@ -30,6 +30,7 @@ from typing import Any
 
 from temper.agent.environment import ENVIRONMENTS, EpisodeEnvironment, EpisodeLimits, make_environment, play
 from temper.core.errors import TemperError
+from temper.core.jsonl import json_objects
 
 FORMAT = "temper.trajectory/1"
 REQUIRED = {"format": str, "env": str, "limits": dict, "record": dict, "turns": list, "outcome": str}
@@ -72,22 +73,8 @@ def read(path: str | Path) -> list[dict[str, Any]]:
     """Every episode of a trajectory file, checked; a bad file is one ``TrajectoryError`` line naming
     the file, the line and the problem."""
     path = Path(path)
-    try:
-        lines = path.read_text().splitlines()
-    except OSError as e:
-        raise TrajectoryError(f"{path}: cannot read: {e.strerror}") from None
-    except UnicodeDecodeError:
-        raise TrajectoryError(f"{path}: not a text file") from None
     out = []
-    for n, line in enumerate(lines, 1):
-        if not line.strip():
-            continue
-        try:
-            row = json.loads(line)
-        except ValueError as e:
-            raise TrajectoryError(f"{path}:{n}: not JSON ({e.msg})") from None
-        if not isinstance(row, dict):
-            raise TrajectoryError(f"{path}:{n}: expected a JSON object (one episode), got {type(row).__name__}")
+    for n, row in json_objects(path, TrajectoryError, "a JSON object (one episode)"):
         for key, kind in REQUIRED.items():
             if not isinstance(row.get(key), kind):
                 got = "missing" if key not in row else type(row[key]).__name__

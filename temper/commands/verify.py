@@ -18,26 +18,12 @@ import json
 from pathlib import Path
 
 from temper.core.errors import CatalogError, DatasetError, TemperError
+from temper.core.jsonl import json_objects
 from temper.verifiers import get_verifier
 
 
 def _records(path: Path) -> list[dict]:
-    try:
-        lines = path.read_text().splitlines()
-    except OSError as e:
-        raise DatasetError(f"{path}: cannot read: {e.strerror}") from None
-    records = []
-    for n, line in enumerate(lines, 1):
-        if not line.strip():
-            continue
-        try:
-            rec = json.loads(line)
-        except ValueError as e:
-            raise DatasetError(f"{path}:{n}: not JSON ({e.msg})") from None
-        if not isinstance(rec, dict):
-            raise DatasetError(f"{path}:{n}: expected a JSON object, got {type(rec).__name__}")
-        records.append(rec)
-    return records
+    return [record for _, record in json_objects(path, DatasetError)]
 
 
 async def _score_all(verifier, records: list[dict], completions: list[str], concurrency: int):

@@ -6,6 +6,7 @@ import os
 import shutil
 import signal
 import socket
+import sqlite3
 import subprocess
 import sys
 import time
@@ -175,3 +176,46 @@ def k8s_cluster(tmp_path):
     finally:
         cluster.stop()
     assert not cluster.errors, "stand-in controllers raised:\n" + "\n".join(cluster.errors)
+
+
+class RestartableMlflow:
+    """`mlflow server` over one sqlite file and artifact folder, stoppable and restartable on its port."""
+
+    def __init__(self, root: Path) -> None:
+        self.root, self.port = root, free_port()
+        root.mkdir(parents=True, exist_ok=True)
+        self.uri = f"http://127.0.0.1:{self.port}"
+        self.proc: subprocess.Popen | None = None
+        self.start()
+
+    def start(self) -> None:
+        log = self.root / "server.log"
+        self.proc = subprocess.Popen(
+            [str(BIN / "mlflow"), "server", "--host", "127.0.0.1", "--port", str(self.port), "--workers", "1",
+             "--backend-store-uri", f"sqlite:///{self.root / 'mlflow.db'}",
+             "--artifacts-destination", str(self.root / "artifacts"), "--serve-artifacts"],
+            stdout=log.open("a"), stderr=subprocess.STDOUT, start_new_session=True,
+            env={**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"})
+        _wait_http(self.uri + "/health", self.proc, 120, log)
+
+    def stop(self) -> None:
+        stop_process(self.proc)
+
+    def grpo_steps_logged(self) -> int:
+        """Steps of GRPO loss the store holds so far (read from the sqlite file, whether or not the server is up)."""
+        with sqlite3.connect(self.root / "mlflow.db") as db:
+            row = db.execute("SELECT COUNT(*) FROM metrics m JOIN tags t ON t.run_uuid = m.run_uuid "
+                             "WHERE t.key = 'temper.stage' AND t.value = 'grpo' AND m.key = 'loss'").fetchone()
+        return row[0]
+
+
+@pytest.fixture
+def own_mlflow(tmp_path, temper_home, prefect_api, monkeypatch):
+    from temper.core.settings import get_settings
+
+    server = RestartableMlflow(tmp_path / "mlflow")
+    monkeypatch.setenv("TEMPER_TRACKING_URI", server.uri)
+    get_settings.cache_clear()
+    generate("arithmetic")
+    yield server
+    server.stop()

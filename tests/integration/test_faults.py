@@ -6,61 +6,15 @@ again on the same port and the same sqlite store, as an operator restarting it w
 
 from __future__ import annotations
 
-import os
-import sqlite3
-import subprocess
 import threading
 import time
 from pathlib import Path
 
 import pytest
 
-from tests.integration.conftest import BIN, _wait_http, free_port, generate, stop_process
+from tests.integration.conftest import generate
 
 pytestmark = pytest.mark.slow
-
-
-class RestartableMlflow:
-    """`mlflow server` over one sqlite file and artifact folder, stoppable and restartable on its port."""
-
-    def __init__(self, root: Path) -> None:
-        self.root, self.port = root, free_port()
-        root.mkdir(parents=True, exist_ok=True)
-        self.uri = f"http://127.0.0.1:{self.port}"
-        self.proc: subprocess.Popen | None = None
-        self.start()
-
-    def start(self) -> None:
-        log = self.root / "server.log"
-        self.proc = subprocess.Popen(
-            [str(BIN / "mlflow"), "server", "--host", "127.0.0.1", "--port", str(self.port), "--workers", "1",
-             "--backend-store-uri", f"sqlite:///{self.root / 'mlflow.db'}",
-             "--artifacts-destination", str(self.root / "artifacts"), "--serve-artifacts"],
-            stdout=log.open("a"), stderr=subprocess.STDOUT, start_new_session=True,
-            env={**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"})
-        _wait_http(self.uri + "/health", self.proc, 120, log)
-
-    def stop(self) -> None:
-        stop_process(self.proc)
-
-    def grpo_steps_logged(self) -> int:
-        """Steps of GRPO loss the store holds so far (read from the sqlite file, whether or not the server is up)."""
-        with sqlite3.connect(self.root / "mlflow.db") as db:
-            row = db.execute("SELECT COUNT(*) FROM metrics m JOIN tags t ON t.run_uuid = m.run_uuid "
-                             "WHERE t.key = 'temper.stage' AND t.value = 'grpo' AND m.key = 'loss'").fetchone()
-        return row[0]
-
-
-@pytest.fixture
-def own_mlflow(tmp_path, temper_home, prefect_api, monkeypatch):
-    from temper.core.settings import get_settings
-
-    server = RestartableMlflow(tmp_path / "mlflow")
-    monkeypatch.setenv("TEMPER_TRACKING_URI", server.uri)
-    get_settings.cache_clear()
-    generate("arithmetic")
-    yield server
-    server.stop()
 
 
 def test_mlflow_down_during_grpo_loses_nothing_and_the_run_finishes(own_mlflow):

@@ -23,8 +23,7 @@ import pytest
 import yaml
 
 from tests.conftest import REPO
-from tests.integration.conftest import BIN, free_port, generate, stop_process
-from tests.integration.test_faults import RestartableMlflow
+from tests.integration.conftest import BIN, free_port, stop_process
 
 MODEL = "temper-resume"
 STEPS = 6
@@ -74,16 +73,8 @@ def _weights(model_dir: Path) -> dict:
 
 
 @pytest.fixture
-def resume_env(tmp_path, temper_home, prefect_api, monkeypatch):
-    from temper.core.settings import get_settings
-
-    server = RestartableMlflow(tmp_path / "mlflow")
-    monkeypatch.setenv("TEMPER_TRACKING_URI", server.uri)
-    get_settings.cache_clear()
-    generate("arithmetic")
-    env = {**os.environ, "PREFECT_API_URL": prefect_api, "PYTHONPATH": str(REPO)}
-    yield server, env
-    server.stop()
+def resume_env(own_mlflow, prefect_api):
+    return own_mlflow, {**os.environ, "PREFECT_API_URL": prefect_api, "PYTHONPATH": str(REPO)}
 
 
 def _temper(env: dict, *args: str, log: Path, **kw) -> subprocess.Popen:
@@ -301,7 +292,7 @@ def test_eval_records_are_found_by_key_not_made_twice(tracked):
     from mlflow.tracking import MlflowClient
 
     from infra import lineage
-    from temper.lifecycle.evaluation import eval_key, record_eval, recorded_evals
+    from temper.lifecycle.evaluation import eval_key, record_eval, recorded_evals, summary
 
     lineage.configure()
     parent = lineage.open_run("post_training", "pt-keytest")
@@ -315,6 +306,6 @@ def test_eval_records_are_found_by_key_not_made_twice(tracked):
     assert record_eval(result, "candidate", parent) == first
     runs = lineage.keyed_runs("post_training", eval_key(parent, "candidate", "arithmetic"))
     assert [r.info.run_id for r in runs] == [first] and runs[0].info.status == "FINISHED"
-    assert recorded_evals(parent, "candidate", ["arithmetic"]) == [
-        {"domain": "arithmetic", "mean_reward": 0.5, "pass_rate": 0.5, "n": 2, "scored": 2, "run_id": first}]
+    # read back, the same summary the first attempt passed on
+    assert recorded_evals(parent, "candidate", ["arithmetic"]) == [summary({**result, "run_id": first})]
     assert recorded_evals(parent, "candidate", ["arithmetic", "multiplication"]) is None
