@@ -219,3 +219,25 @@ def own_mlflow(tmp_path, temper_home, prefect_api, monkeypatch):
     generate("arithmetic")
     yield server
     server.stop()
+
+
+def run_grpo_with_worker(fields: dict, config: Path, worker: str) -> list[str]:
+    """A 2-rank GRPO job launched as `training_job` launches it (ranks, env, rendezvous), each rank running
+    ``worker`` (a test module wrapping ``workloads.train`` to record what the run did) instead of the
+    workload itself; its output lines. Fails the test if the job does not exit 0."""
+    import yaml
+
+    from infra.launcher_local import run_job
+    from temper.core.settings import get_settings
+    from temper.training.config import nest_stage_fields
+    from temper.training.job import training_job
+
+    config.write_text(yaml.safe_dump(nest_stage_fields({"mode": "grpo", "tracking": False, "save_steps": 1000,
+                                                        "seed": 0, **fields})))
+    job = training_job(str(config), "grpo")
+    job = job.model_copy(update={"command": [sys.executable, "-m", worker, *job.command[3:]]})
+    lines: list[str] = []
+    status = run_job(job, on_line=lines.append, cwd=str(Path(__file__).resolve().parents[2]))
+    get_settings.cache_clear()
+    assert status == 0, "\n".join(lines[-60:])
+    return lines

@@ -20,6 +20,7 @@ from temper.data.catalog import load_catalog
 from temper.data.generators import generate
 from temper.training.multiturn import MultiTurnRollout, episode_reward
 from tests.conftest import REPO
+from tests.integration.conftest import run_grpo_with_worker
 
 TOLERANCE = 1e-4  # nats per token
 
@@ -147,15 +148,7 @@ def test_two_rank_zero3_run_gathers_the_full_weights_into_each_ranks_engine_ever
     """``temper train``'s own path (workloads.train, run.py, GRPOSettings.generation: engine) on 2 ZeRO-3
     ranks: each rank's engine gets the full parameters gathered from the shards after every step, and its
     log-probabilities equal the partitioned policy's own at every step on both ranks."""
-    import sys
-
-    import yaml
-
-    from infra.launcher_local import run_job
-    from temper.core.settings import get_settings
     from temper.data.generators import generate_domain_dataset
-    from temper.training.config import nest_stage_fields
-    from temper.training.job import training_job
     from temper.training.tiny import init_tiny
     from tests.conftest import use_embedded_home
 
@@ -163,19 +156,11 @@ def test_two_rank_zero3_run_gathers_the_full_weights_into_each_ranks_engine_ever
     generate_domain_dataset(load_catalog(REPO / "domains")["arithmetic"])
     init_tiny(tmp_path / "tiny")
     out = tmp_path / "run"
-    config = tmp_path / "engine.yaml"
-    config.write_text(yaml.safe_dump(nest_stage_fields({
-        "run_name": "engine", "mode": "grpo", "domains": ["arithmetic"], "output_dir": str(out), "tracking": False,
-        "save_steps": 1000, "seed": 0, "base_model": str(tmp_path / "tiny"), "max_steps": 2, "export": False,
-        "per_device_batch_size": 2, "num_generations": 2, "max_completion_length": 12, "learning_rate": 1e-2,
-        "generation": "engine"})))
-    job = training_job(str(config), "grpo")
-    job = job.model_copy(update={"command": [sys.executable, "-m", "tests.integration.engine_parity_worker",
-                                             *job.command[3:]]})
-    lines: list[str] = []
-    status = run_job(job, on_line=lines.append, cwd=str(REPO))
-    get_settings.cache_clear()
-    assert status == 0, "\n".join(lines[-60:])
+    run_grpo_with_worker({"run_name": "engine", "domains": ["arithmetic"], "output_dir": str(out),
+                          "base_model": str(tmp_path / "tiny"), "max_steps": 2, "export": False,
+                          "per_device_batch_size": 2, "num_generations": 2, "max_completion_length": 12,
+                          "learning_rate": 1e-2, "generation": "engine"},
+                         tmp_path / "engine.yaml", "tests.integration.engine_parity_worker")
     for rank in (0, 1):
         rows = [json.loads(x) for x in (out / f"parity-rank{rank}.jsonl").read_text().splitlines()]
         assert [r["step"] for r in rows] == [0, 1] and [r["syncs"] for r in rows] == [1, 2]

@@ -5,14 +5,12 @@ multi-step domains, the real sandbox, and episodes of unequal length on the two 
 from __future__ import annotations
 
 import json
-import sys
 
 import pytest
-import yaml
 
 from infra.sandbox.bwrap import bwrap_available
-from temper.training.config import nest_stage_fields
 from tests.conftest import REPO, use_embedded_home
+from tests.integration.conftest import run_grpo_with_worker
 
 DOMAINS = ["file_tasks", "ledger_tasks"]
 pytestmark = [pytest.mark.slow,
@@ -20,11 +18,8 @@ pytestmark = [pytest.mark.slow,
 
 
 def test_two_rank_multiturn_run_with_unequal_episodes_completes_and_logs_turns(tmp_path, monkeypatch):
-    from infra.launcher_local import run_job
-    from temper.core.settings import get_settings
     from temper.data.catalog import load_catalog
     from temper.data.generators import generate_domain_dataset
-    from temper.training.job import training_job
     from temper.training.tiny import init_tiny
 
     use_embedded_home(monkeypatch, tmp_path / "home")
@@ -34,18 +29,10 @@ def test_two_rank_multiturn_run_with_unequal_episodes_completes_and_logs_turns(t
     init_tiny(tmp_path / "tiny", max_positions=2048)
 
     out = tmp_path / "run"
-    config = tmp_path / "mt.yaml"
-    config.write_text(yaml.safe_dump(nest_stage_fields({
-        "run_name": "mt", "mode": "grpo", "domains": DOMAINS, "output_dir": str(out), "tracking": False,
-        "save_steps": 1000, "seed": 0, "base_model": str(tmp_path / "tiny"), "max_steps": 2,
-        "per_device_batch_size": 2, "num_generations": 2, "max_completion_length": 1024, "learning_rate": 1e-3})))
-    job = training_job(str(config), "grpo")
-    job = job.model_copy(update={"command": [sys.executable, "-m", "tests.integration.multiturn_worker",
-                                             *job.command[3:]]})
-    lines: list[str] = []
-    status = run_job(job, on_line=lines.append, cwd=str(REPO))
-    get_settings.cache_clear()
-    assert status == 0, "\n".join(lines[-60:])
+    run_grpo_with_worker({"run_name": "mt", "domains": DOMAINS, "output_dir": str(out),
+                          "base_model": str(tmp_path / "tiny"), "max_steps": 2, "per_device_batch_size": 2,
+                          "num_generations": 2, "max_completion_length": 1024, "learning_rate": 1e-3},
+                         tmp_path / "mt.yaml", "tests.integration.multiturn_worker")
 
     calls = {r: [json.loads(x) for x in (out / f"calls-rank{r}.jsonl").read_text().splitlines()] for r in (0, 1)}
     assert len(calls[0]) == len(calls[1]) == 2  # one rollout per step on each rank
