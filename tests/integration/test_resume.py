@@ -104,9 +104,12 @@ def test_sigkilled_flow_is_resumed_to_the_uninterrupted_model_and_records_and_an
     flow.wait()
     killed_at = time.monotonic() - t0
     key = next(store.glob("pt-*-grpo")).name.removesuffix("-grpo")
-    # its training job runs on, orphaned (its own session), until it dies writing to the dead pipe or the
-    # next attempt of the job stops it; the launcher recorded its process group for that
+    # Its training job runs in its own session and would run on, orphaned: on a quiet machine it finished
+    # all 6 steps before the continuation came, which then rightly skipped the finished stage. Killed here
+    # too, as when the machine running the flow goes down, so the continuation must resume from a
+    # checkpoint; that the next attempt stops a job left running is test_a_job_left_running_... below.
     orphan_group = int((temper_home / "jobs" / f"grpo-{key}-grpo.pid").read_text().split()[0])
+    os.killpg(orphan_group, signal.SIGKILL)
     [killed] = [r for r in _flow_runs() if str(r.id).startswith(key.removeprefix("pt-"))]
     assert killed.state.type.value == "RUNNING"  # Prefect cannot know: the process never reported
     assert killed.infrastructure_pid == f"{socket.gethostname()}:{flow.pid}"
@@ -137,12 +140,10 @@ def test_sigkilled_flow_is_resumed_to_the_uninterrupted_model_and_records_and_an
     assert ok.wait(900) == 0, log.read_text()[-4000:]
     output = log.read_text()
     assert f"continuing post_training run {key}" in output
-    # training continued from the newest complete checkpoint (2, or 4 if the orphan got that far first)
+    # training continued from the newest complete checkpoint (2, or 4 if the job got that far before its kill)
     [resumed_from] = [int(line.rsplit("checkpoint-", 1)[1]) for line in output.splitlines() if "resuming from" in line]
     assert 2 <= resumed_from < STEPS and f"grpo step {resumed_from + 1}/{STEPS}" in output, output[-4000:]
     assert "grpo step 1/" not in output  # not started over
-    with pytest.raises(ProcessLookupError):
-        os.killpg(orphan_group, 0)  # the orphaned job is gone
     ref_job.join()
     took = time.monotonic() - t0
     done = [r for r in _flow_runs() if (r.parameters or {}).get("continues") == str(killed.id)
