@@ -45,25 +45,20 @@ def log_eval_samples(domain: str, rewards: Samples, tokens: list[int] | None = N
     return path
 
 
+def _sample_lines(text: str) -> list[tuple[dict, float | None]]:
+    """Each line of the ``log_eval_samples`` format (blank lines ignored): (its object, its reward)."""
+    rows = [json.loads(line) for line in text.splitlines() if line.strip()]
+    return [(obj, None if obj.get("reward") is None else float(obj["reward"])) for obj in rows]
+
+
 def parse_eval_samples(text: str) -> Samples:
-    """The inverse of the ``log_eval_samples`` format (blank lines ignored)."""
-    out = []
-    for line in text.splitlines():
-        if line.strip():
-            obj = json.loads(line)
-            out.append((str(obj["id"]), None if obj.get("reward") is None else float(obj["reward"])))
-    return out
+    """The inverse of the ``log_eval_samples`` format: (id, reward) per sample."""
+    return [(str(obj["id"]), reward) for obj, reward in _sample_lines(text)]
 
 
 def parse_context_curve(text: str) -> list[tuple[int, float | None]]:
     """(prompt tokens, reward) of the samples that carry their length; [] for an ordinary domain."""
-    out = []
-    for line in text.splitlines():
-        if line.strip():
-            obj = json.loads(line)
-            if "tokens" in obj:
-                out.append((int(obj["tokens"]), None if obj.get("reward") is None else float(obj["reward"])))
-    return out
+    return [(int(obj["tokens"]), reward) for obj, reward in _sample_lines(text) if "tokens" in obj]
 
 
 def _samples_text(run_id: str, domain: str) -> str | None:
