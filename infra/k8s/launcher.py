@@ -178,8 +178,8 @@ def failed_create(job: k.V1Job, events: list[k.CoreV1Event], refusal: str | None
     return None
 
 
-# Kueue's QuotaReserved=False reasons (and, for Kueue before 0.14, message parts) that no amount of waiting
-# changes: a request above the ClusterQueue's nominal quota, a resource it does not cover, a missing
+# Kueue's QuotaReserved=False reasons (and message parts, for Kueue before 0.19, which said "Pending")
+# that no waiting changes: a request above the ClusterQueue's nominal quota, a resource it does not cover, a missing
 # LocalQueue/ClusterQueue or a namespace its selector does not match.
 KUEUE_NEVER_REASONS = {"ExceedsMaxQuota", "Misconfigured"}
 KUEUE_NEVER_MESSAGES = ("> maximum capacity", "unavailable in ClusterQueue", "doesn't exist",

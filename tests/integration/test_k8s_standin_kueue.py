@@ -123,8 +123,8 @@ def test_a_job_the_cluster_queue_can_never_admit_fails_at_once_naming_job_queue_
 def test_a_job_waiting_for_quota_is_admitted_when_the_first_finishes(k8s_cluster):
     """2 x 500m fills the 1-CPU quota: the second gang waits, suspended with no pods, then runs."""
     setup_queue(k8s_cluster)
-    done = k8s_cluster.shared_dir / "first-done"
-    first = objects("first", f"sleep 2; touch {done}")
+    go, done = k8s_cluster.shared_dir / "go", k8s_cluster.shared_dir / "first-done"
+    first = objects("first", f"while [ ! -e {go} ]; do sleep 0.1; done; touch {done}")
     second = objects("second", f'test -e {done} && echo "first was done"')
     logs: dict[str, list[str]] = {"first": [], "second": []}
     run_first = launcher(k8s_cluster).submit(first, logs["first"].append)
@@ -143,6 +143,7 @@ def test_a_job_waiting_for_quota_is_admitted_when_the_first_finishes(k8s_cluster
     assert {r["name"]: r["total"] for r in cq["status"]["flavorsUsage"][0]["resources"]}["cpu"] == "1"
 
     start = time.monotonic()
+    go.touch()
     second_thread = threading.Thread(target=launcher(k8s_cluster).watch, args=(run_second, logs["second"].append))
     second_thread.start()
     launcher(k8s_cluster).watch(run_first, logs["first"].append)

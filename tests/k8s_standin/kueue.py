@@ -46,6 +46,7 @@ import copy
 import functools
 import hashlib
 from decimal import Decimal
+from pathlib import Path
 
 from kubernetes.utils import parse_quantity
 
@@ -62,7 +63,7 @@ POD_SET = "main"
 
 @functools.lru_cache(maxsize=4)
 def _crds(directory: str) -> dict:
-    return crds.load_crds(crds.Path(directory))
+    return crds.load_crds(Path(directory))
 
 
 def admit(store: Store, obj: dict) -> None:

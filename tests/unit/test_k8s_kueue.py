@@ -19,7 +19,7 @@ from infra.k8s.launcher import kueue_outcome
 from infra.k8s.render import load_render_config, render
 from tests.k8s_standin import admission, crds, kueue
 from tests.k8s_standin.store import Store
-from tests.unit.test_k8s_static import CONFIG_TARGETS, KUEUE_API, RENDERED, ROOT, _options, find, pod_specs
+from tests.unit.test_k8s_static import CONFIG_TARGETS, KUEUE_API, RENDERED, ROOT, _options, find
 
 GPU = RENDERED["overlays/gpu-cluster"]
 KUEUE_DOCS = [d for d in GPU if d["apiVersion"].startswith(KUEUE_API)]
@@ -166,7 +166,7 @@ def test_kueue_outcome_fails_a_job_that_can_never_be_admitted_and_waits_for_one_
     assert line.startswith("job 'sft-abc': Inadmissible: Kueue cannot admit it from LocalQueue temper/temper-gpu "
                            "(ExceedsMaxQuota: couldn't assign flavors")
     assert "insufficient quota for cpu" in line and "raise the quota" in line and "\n" not in line
-    # Kueue before 0.14 said "Pending" for the same case: the message decides
+    # Kueue before 0.19 said "Pending" for the same case: the message decides
     assert kueue_outcome(_job(), [_workload("Pending", EXCEEDS)])[0].reason == "Inadmissible"
     missing, _ = kueue_outcome(_job(), [_workload("Misconfigured", "LocalQueue temper-gpu doesn't exist")])
     assert "LocalQueue temper-gpu doesn't exist" in missing.message and "create the LocalQueue" in missing.message
