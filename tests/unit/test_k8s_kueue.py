@@ -131,7 +131,11 @@ def test_the_cluster_queue_admits_the_gpu_jobs_it_is_sized_for_and_their_workloa
     assert sft["spec"]["podSets"][0]["count"] == 2 and sft["spec"]["priorityClassRef"]["name"] == "temper-training"
     assert sft["status"]["admission"]["podSetAssignments"][0]["resourceUsage"] == {
         "cpu": "64", "memory": "512Gi", "nvidia.com/gpu": "8"}
-    usage = {r["name"]: r["total"] for r in store.get("ClusterQueue", "", "temper")["status"]["flavorsUsage"][0]["resources"]}
+    cq, lq = store.get("ClusterQueue", "", "temper"), store.get("LocalQueue", "temper", "temper-gpu")
+    if CRDS:  # the status the stand-in writes is what Kueue's CRD allows
+        assert crds.validate(cq, CRDS) == [] and crds.validate(lq, CRDS) == []
+    assert (cq["status"]["admittedWorkloads"], lq["status"]["admittedWorkloads"]) == (5, 5)
+    usage = {r["name"]: r["total"] for r in cq["status"]["flavorsUsage"][0]["resources"]}
     assert usage == {"cpu": "96", "memory": "640Gi", "nvidia.com/gpu": "12"}  # 64 + 4 x 8 CPU, 512Gi + 4 x 32Gi, 8 + 4
 
 
