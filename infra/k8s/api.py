@@ -22,7 +22,7 @@ from kubernetes.stream.ws_client import ERROR_CHANNEL, STDIN_CHANNEL
 
 from infra.k8s.errors import KubernetesError
 
-KUEUE_GROUP, KUEUE_VERSION = "kueue.x-k8s.io", "v1beta2"  # Kueue >= 0.15 (v1beta1 is deprecated)
+KUEUE_GROUP, KUEUE_VERSION = "kueue.x-k8s.io", "v1beta2"  # Kueue >= 0.15 (v1beta1 deprecated since 0.16)
 KUEUE_JOB_UID = "kueue.x-k8s.io/job-uid"  # the label Kueue puts on a Job's Workload
 
 

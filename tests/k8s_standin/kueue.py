@@ -1,22 +1,18 @@
 """Kueue on the stand-in: Workloads for queued Jobs, quota-based admission, usage released at the end.
 
-What Kueue v0.19 (kueue.x-k8s.io/v1beta2) does for a batch/v1 Job, imitated at small scale
-(one control loop, no cohorts), with Kueue's own condition reasons and message shapes, so the
-launcher reads what it would read on a cluster:
+What Kueue v0.19 (kueue.x-k8s.io/v1beta2) does for a batch/v1 Job, at small scale, with Kueue's
+own condition reasons and message shapes (so the launcher reads what it would on a cluster):
 
 - a Job carrying ``kueue.x-k8s.io/queue-name`` gets a Workload ``job-<name>-<hash>`` in its
   namespace, owned by the Job (garbage-collected with it), labelled ``kueue.x-k8s.io/job-uid``,
   with one pod set ``main`` (count = parallelism, the Job's pod template), the queue name and the
   priority of the pods' PriorityClass (``priorityClassRef``). A queued Job that is not suspended
   while its Workload is not admitted is suspended again (Kueue's job reconciler);
-- the ClusterQueue behind the LocalQueue (``spec.clusterQueue``) admits Workloads in order:
-  higher priority first, then oldest first. ``StrictFIFO`` stops at the first that does not fit,
-  ``BestEffortFIFO`` lets a later one that fits pass it. A Workload fits when, for every resource
-  its pods request (pod count x the sum of the containers' requests, requests defaulting to
-  limits), a flavor of the resource group covering it has room: usage of the admitted,
-  unfinished Workloads + this request <= ``nominalQuota``. Flavors are tried in order; one whose
-  ``nodeLabels`` contradict the pods' nodeSelector, or whose ``nodeTaints`` they do not tolerate,
-  is skipped;
+- the LocalQueue's ClusterQueue admits Workloads by priority, then age (``StrictFIFO`` stops at
+  the first that does not fit, ``BestEffortFIFO`` lets a later one pass it). One fits when every
+  resource its pods request (count x requests, defaulting to limits) has room in a flavor of the
+  group covering it: admitted, unfinished usage + request <= ``nominalQuota``. Flavors are tried
+  in order, skipping one whose ``nodeLabels``/``nodeTaints`` the pods contradict/do not tolerate;
 - admitted: ``status.admission`` (clusterQueue, podSetAssignments with flavors, resourceUsage,
   count), conditions ``QuotaReserved`` and ``Admitted`` True; the Job is unsuspended with the
   flavor's nodeLabels added to its pods' nodeSelector and the flavor's tolerations to theirs;
@@ -35,7 +31,7 @@ launcher reads what it would read on a cluster:
 Cut: cohorts, borrowing/lending, preemption (``preemption`` is accepted, never acted on: a waiting
 higher-priority Workload is admitted first but does not evict a running one), fair sharing,
 admission checks, partial admission, ``waitForPodsReady``, topology-aware scheduling, the
-v1beta1 API (deprecated since v0.15; only v1beta2 is served here), Workloads for kinds other than
+v1beta1 API (deprecated since v0.16; only v1beta2 is served here), Workloads for kinds other than
 Job, and Kueue's defaulting webhook that suspends a labelled Job on create (temper creates them
 suspended itself).
 """
