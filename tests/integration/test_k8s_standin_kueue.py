@@ -153,8 +153,10 @@ def test_a_job_waiting_for_quota_is_admitted_when_the_first_finishes(k8s_cluster
     assert sum("first was done" in line for line in logs["second"]) == 2, logs["second"]  # both ranks ran after it
     assert any("Kueue cannot admit it from LocalQueue temper/temper-gpu yet (WaitingForQuota" in line
                for line in logs["second"]), logs["second"]
-    wl = workload(k8s_cluster, "second")
-    assert condition(wl, "Admitted")["status"] == "True" and condition(wl, "Finished")["reason"] == "Succeeded"
+    # Kueue marks the Workload Finished after the Job's Complete condition (its next pass, as on a cluster)
+    wl = k8s_cluster.wait_for("second's Workload finished", lambda: (
+        w := workload(k8s_cluster, "second")) and condition(w, "Finished").get("reason") == "Succeeded" and w)
+    assert condition(wl, "Admitted")["status"] == "True"
     (assignment,) = wl["status"]["admission"]["podSetAssignments"]
     assert assignment == {"name": "main", "count": 2, "flavors": {"cpu": "temper-gpu-node", "memory": "temper-gpu-node"},
                           "resourceUsage": {"cpu": "1", "memory": "256Mi"}}
