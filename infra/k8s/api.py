@@ -22,6 +22,9 @@ from kubernetes.stream.ws_client import ERROR_CHANNEL, STDIN_CHANNEL
 
 from infra.k8s.errors import KubernetesError
 
+KUEUE_GROUP, KUEUE_VERSION = "kueue.x-k8s.io", "v1beta2"  # Kueue >= 0.15 (v1beta1 deprecated since 0.16)
+KUEUE_JOB_UID = "kueue.x-k8s.io/job-uid"  # the label Kueue puts on a Job's Workload
+
 
 def load_config(context: str | None = None) -> None:
     """In-cluster config when running in a pod (the Prefect worker), else $KUBECONFIG or ~/.kube/config.
@@ -117,6 +120,22 @@ class ClusterApi:
         selector = (f"involvedObject.kind=Job,involvedObject.name={job.metadata.name},reason=FailedCreate"
                     + (f",involvedObject.uid={job.metadata.uid}" if job.metadata.uid else ""))
         return list(self.core.list_namespaced_event(namespace, field_selector=selector).items or [])
+
+    @_reachable
+    def list_workloads(self, namespace: str, job: k.V1Job) -> list[dict]:
+        """Kueue's Workloads for this Job (label ``kueue.x-k8s.io/job-uid``), as dicts.
+
+        [] where the cluster has no Kueue (404) or the Role does not grant it (403): the launcher
+        then waits for the Job as it did before it read Workloads.
+        """
+        try:
+            found = k.CustomObjectsApi(self.api_client).list_namespaced_custom_object(
+                KUEUE_GROUP, KUEUE_VERSION, namespace, "workloads", label_selector=f"{KUEUE_JOB_UID}={job.metadata.uid}")
+        except ApiException as e:
+            if e.status in (403, 404):
+                return []
+            raise
+        return list(found.get("items") or [])
 
     @_reachable
     def read_pod(self, namespace: str, name: str) -> k.V1Pod:

@@ -13,7 +13,8 @@ class JobFailed(KubernetesError):
     """A Job ended (or was ended by the launcher) without success.
 
     ``reason`` is one of: OOMKilled, ImagePullBackOff, CreateContainerConfigError, Evicted,
-    DeadlineExceeded, Unschedulable, Error (non-zero exit), Cancelled. ``retriable`` says
+    DeadlineExceeded, Unschedulable, FailedCreate, Inadmissible (Kueue can never admit it), Error
+    (non-zero exit), Cancelled. ``retriable`` says
     whether a new attempt (resuming from checkpoint) can help.
     """
 

@@ -7,7 +7,8 @@ The launcher is a small state machine over the thin ``ClusterApi`` layer:
     watch:   poll Job + pods every ``poll_interval_s``; start a log follower per pod once it
              runs; fail fast on states a Job never leaves by itself (image pull errors, a
              missing Secret, pods Unschedulable past ``unschedulable_after_s``, pods the Job
-             controller cannot create: its FailedCreate Events, below)
+             controller cannot create: its FailedCreate Events, below; a Job Kueue can never
+             admit: its Workload's QuotaReserved condition, ``kueue_outcome``)
     finish:  Complete -> done; Failed -> ``JobFailed`` with the reason from pod statuses
              (OOMKilled, Evicted, DeadlineExceeded, ...); the headless Service is deleted
              (the Job is GC'd by ttlSecondsAfterFinished, so its logs stay readable a while)
@@ -52,6 +53,7 @@ class Api(Protocol):
     def stream_log(self, namespace: str, pod: str, container: str): ...
     def list_failed_creates(self, namespace: str, job: k.V1Job) -> list[k.CoreV1Event]: ...
     def list_resource_quotas(self, namespace: str) -> list[k.V1ResourceQuota]: ...
+    def list_workloads(self, namespace: str, job: k.V1Job) -> list[dict]: ...
 
 
 @dataclass
@@ -176,6 +178,39 @@ def failed_create(job: k.V1Job, events: list[k.CoreV1Event], refusal: str | None
     return None
 
 
+# Kueue's QuotaReserved=False reasons (and message parts, for Kueue before 0.19, which said "Pending")
+# that no waiting changes: a request above the ClusterQueue's nominal quota, a resource it does not cover, a missing
+# LocalQueue/ClusterQueue or a namespace its selector does not match.
+KUEUE_NEVER_REASONS = {"ExceedsMaxQuota", "Misconfigured"}
+KUEUE_NEVER_MESSAGES = ("> maximum capacity", "unavailable in ClusterQueue", "doesn't exist",
+                        "doesn't match ClusterQueue selector")
+
+
+def kueue_outcome(job: k.V1Job, workloads: list[dict]) -> tuple[Outcome | None, str]:
+    """Pure: a suspended, queued Job's Kueue Workloads -> (failed if Kueue can never admit it, why it waits).
+
+    Kueue holds the Job suspended and writes why on its Workload (``QuotaReserved`` False, reason
+    and message, e.g. "couldn't assign flavors to pod set main: insufficient quota for cpu in flavor
+    gpu, previously considered podsets requests (0) + current podset request (8) > maximum capacity
+    (4)"). Waiting behind other Workloads (WaitingForQuota) is normal; the never-admissible cases fail.
+    """
+    queue = (job.metadata.labels or {}).get(m.QUEUE_LABEL, "")
+    for wl in workloads:
+        cond = next((c for c in (wl.get("status") or {}).get("conditions") or [] if c.get("type") == "QuotaReserved"), None)
+        if not cond or cond.get("status") != "False":
+            continue
+        said = " ".join((cond.get("message") or "").split())[:500]
+        where = f"Kueue cannot admit it from LocalQueue {job.metadata.namespace}/{queue}"
+        if cond.get("reason") in KUEUE_NEVER_REASONS or any(part in said for part in KUEUE_NEVER_MESSAGES):
+            fix = ("create the LocalQueue/ClusterQueue or set queue_name" if cond.get("reason") == "Misconfigured"
+                   or "exist" in said or "selector" in said else
+                   "the job asks for more than the ClusterQueue's nominalQuota: lower its resources or ranks, "
+                   "or raise the quota")
+            return Outcome("failed", "Inadmissible", f"{where} ({cond.get('reason')}: {said}); {fix}", False), ""
+        return None, f"{where} yet ({cond.get('reason')}: {said})"
+    return None, ""
+
+
 def _when(event: k.CoreV1Event) -> datetime:
     return event.last_timestamp or event.event_time or event.first_timestamp or datetime.min.replace(tzinfo=timezone.utc)
 
@@ -254,6 +289,7 @@ class KubernetesLauncher:
         followers: dict[str, threading.Thread] = {}
         unschedulable_since: dict[str, float] = {}
         refused_since: dict[str, float] = {}
+        queued_why: dict[str, str] = {}
         keep: set[str] = set()  # finished Jobs stay until their TTL (logs, post-mortem)
         try:
             while pending:
@@ -271,6 +307,13 @@ class KubernetesLauncher:
                     outcome = classify(job, pods, now - unschedulable_since.get(name, now), self.opts, limits)
                     if outcome.state == "running":
                         outcome = self._failed_create(attempt, job, pods, refused_since, now) or outcome
+                    if outcome.state == "running" and job.spec and job.spec.suspend and \
+                            (job.metadata.labels or {}).get(m.QUEUE_LABEL):
+                        refusal, why = kueue_outcome(job, self.api.list_workloads(ns, job))
+                        if why and queued_why.get(name) != why:
+                            on_log(f"job {name}: {why}")
+                        queued_why[name] = why
+                        outcome = refusal or outcome
                     if outcome.state == "succeeded":
                         on_log(f"job {name} complete")
                         pending.discard(name)

@@ -36,6 +36,7 @@ from kubernetes.client.exceptions import ApiException
 from tests.k8s_standin.controllers import Dns, GarbageCollector, Scheduler, TtlController
 from tests.k8s_standin.jobs import JobController
 from tests.k8s_standin.kubelet import Image, Kubelet
+from tests.k8s_standin.kueue import KueueController
 from tests.k8s_standin.server import ApiServer
 from tests.k8s_standin.store import Store
 
@@ -66,7 +67,7 @@ class StandinCluster:
         self.kubelet = Kubelet(self.store, NODE, self.root, images, hosts)
         self.server = ApiServer(self.store, self.kubelet)
         self.scheduler = Scheduler(self.store, self.server.bind)
-        self.loops = [self.scheduler, JobController(self.store), GarbageCollector(self.store),
+        self.loops = [self.scheduler, KueueController(self.store), JobController(self.store), GarbageCollector(self.store),
                       TtlController(self.store), Dns(self.store, hosts), self.kubelet]
         self.errors: list[str] = []
         self.shared_dir = Path(tempfile.mkdtemp(prefix="k8s-standin-", dir="/var/tmp"))

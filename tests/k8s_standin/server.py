@@ -31,10 +31,10 @@ from pathlib import Path
 import jsonpatch
 from aiohttp import web
 
-from tests.k8s_standin import admission
+from tests.k8s_standin import admission, kueue
 from tests.k8s_standin.store import BY_PATH, ApiError, Kind, Store, now
 
-STATUS_KINDS = {"Pod", "Job", "Service", "Namespace", "Node", "ResourceQuota"}
+STATUS_KINDS = {"Pod", "Job", "Service", "Namespace", "Node", "ResourceQuota", *kueue.KINDS}
 
 
 def merge_patch(target, patch):
@@ -164,6 +164,8 @@ class ApiServer:
                 admission.admit_job(obj)
             elif kind == "Service":
                 obj.setdefault("spec", {}).setdefault("type", "ClusterIP")
+            elif kind in kueue.KINDS:
+                kueue.admit(self.store, obj)
         return admit
 
     # --- items -----------------------------------------------------------------------------------

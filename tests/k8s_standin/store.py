@@ -76,6 +76,11 @@ KINDS = [
     Kind("NetworkPolicy", "networking.k8s.io", "v1", "networkpolicies"),
     Kind("PriorityClass", "scheduling.k8s.io", "v1", "priorityclasses", namespaced=False),
     Kind("RuntimeClass", "node.k8s.io", "v1", "runtimeclasses", namespaced=False),
+    # Kueue's custom resources (tests/k8s_standin/kueue.py), served in v1beta2 only
+    Kind("ResourceFlavor", "kueue.x-k8s.io", "v1beta2", "resourceflavors", namespaced=False),
+    Kind("ClusterQueue", "kueue.x-k8s.io", "v1beta2", "clusterqueues", namespaced=False),
+    Kind("LocalQueue", "kueue.x-k8s.io", "v1beta2", "localqueues"),
+    Kind("Workload", "kueue.x-k8s.io", "v1beta2", "workloads"),
 ]
 BY_PATH = {(k.group, k.version, k.plural): k for k in KINDS}
 BY_NAME = {k.kind: k for k in KINDS}
