@@ -80,8 +80,9 @@ class ApiServer:
         self.store, self.kubelet = store, kubelet
         self.app = web.Application(middlewares=[self._errors], client_max_size=64 << 20)
         self.app.router.add_get("/version", self.version)
-        self.app.router.add_get("/api", watch.api_versions)
-        self.app.router.add_get("/apis", watch.api_groups)
+        for slash in ("", "/"):  # clients ask for both (the official Python client with the slash)
+            self.app.router.add_get("/api" + slash, watch.api_versions)
+            self.app.router.add_get("/apis" + slash, watch.api_groups)
         self.app.router.add_get("/api/{version}", watch.api_resources)
         self.app.router.add_get("/apis/{group}/{version}", watch.api_resources)
         self.app.router.add_route("*", "/api/{version}/{tail:.*}", self.core)
@@ -114,6 +115,8 @@ class ApiServer:
 
     async def _route(self, request, group: str, version: str, tail: str):
         parts = [p for p in tail.split("/") if p]
+        if not parts and request.method == "GET":  # /api/v1/, /apis/<group>/<version>/
+            return await watch.api_resources(request)
         ns = None
         if len(parts) >= 3 and parts[0] == "namespaces" and (group, version, parts[2]) in BY_PATH:
             ns, parts = parts[1], parts[2:]
