@@ -87,12 +87,15 @@ POOL = "temper-k8s"  # the work pool k8s/base/prefect-worker.yaml polls and pref
 
 
 @pytest.fixture
-def k8s_worker(on_cluster, tmp_path):
+def k8s_worker(on_cluster, tmp_path, request):
     """The real Prefect worker of a ``kubernetes`` work pool (prefect-kubernetes, ``prefect worker start --type
     kubernetes``) in its own process, its kube config pointing at the stand-in, polling the session's Prefect
     server; the pool's base job template is k8s/prefect/base-job-template.json, as `prefect work-pool create`
     makes it (docs/kubernetes.md). The cluster holds what k8s/base gives a flow-run pod: the temper-flow-runner
     account and the temper-k8s-options ConfigMap (the options the test set, mounted at /etc/temper).
+
+    A test module's ``WORKER_IMAGE`` runs the worker in that container image instead (podman, host network,
+    read-only root, uid 1000, as k8s/base/prefect-worker.yaml runs it; test_worker_image.py).
 
     Yields ``deploy(name)``: `prefect deploy` of prefect.yaml's deployment ``name`` (the image the stand-in's
     workload image, the flow code at /app, as in the real image), and the worker's log file."""
@@ -121,9 +124,21 @@ def k8s_worker(on_cluster, tmp_path):
            "PREFECT_INTEGRATIONS_KUBERNETES_OBSERVER_NAMESPACES": NS, "PREFECT_KUBERNETES_CLUSTER_UID": "temper-standin",
            "PREFECT_WORKER_QUERY_SECONDS": "1"}  # poll every second (default 10 s)
     log = tmp_path / "worker.log"
-    proc = subprocess.Popen([str(BIN / "prefect"), "worker", "start", "--pool", POOL, "--type", "kubernetes",
-                             "--install-policy", "never", "--name", "standin-worker"],
-                            stdout=log.open("w"), stderr=subprocess.STDOUT, env=env, start_new_session=True)
+    command = ["prefect", "worker", "start", "--pool", POOL, "--type", "kubernetes", "--install-policy", "never",
+               "--name", "standin-worker"]
+    image = getattr(request.module, "WORKER_IMAGE", None)
+    if image:
+        container = f"temper-worker-{os.getpid()}"
+        passed = ("PREFECT_API_URL", "PREFECT_INTEGRATIONS_KUBERNETES_OBSERVER_NAMESPACES", "PREFECT_KUBERNETES_CLUSTER_UID",
+                  "PREFECT_WORKER_QUERY_SECONDS")
+        command = ["podman", "--runtime", "runc", "run", "--rm", "--name", container, "--network", "host", "--read-only",
+                   "--user", "1000:1000", "--tmpfs", "/home/prefect:rw,size=256m", "--tmpfs", "/tmp:rw,size=256m",
+                   "-v", f"{on_cluster.kubeconfig}:/etc/kube/config:ro", "-e", "KUBECONFIG=/etc/kube/config",
+                   *[a for var in passed for a in ("-e", f"{var}={env[var]}")], image(), *command]
+        env.setdefault("CONTAINERS_CONF", str(REPO / "docker" / "containers.conf"))
+    else:
+        command[0] = str(BIN / "prefect")
+    proc = subprocess.Popen(command, stdout=log.open("w"), stderr=subprocess.STDOUT, env=env, start_new_session=True)
 
     def deploy(name: str, **env_vars: str) -> None:
         out = subprocess.run([str(BIN / "prefect"), "--no-prompt", "deploy", "--prefect-file", str(REPO / "prefect.yaml"),
@@ -135,6 +150,8 @@ def k8s_worker(on_cluster, tmp_path):
         yield deploy, log
     finally:
         stop_process(proc)
+        if image:
+            subprocess.run(["podman", "--runtime", "runc", "rm", "-f", "--ignore", container], env=env, capture_output=True)
         print(f"worker log: {log}")
 
 
