@@ -1,5 +1,10 @@
-"""post_training with ``backend: kubernetes`` on the stand-in cluster (tests/k8s_standin), under
-Prefect's test harness, with a real MLflow server and moto's S3 server.
+"""post_training with ``backend: kubernetes`` on the stand-in cluster (tests/k8s_standin), with a real Prefect
+server (Prefect's test harness), a real MLflow server and moto's S3 server.
+
+The main test starts the cluster run as an operator does: `prefect deploy` of prefect.yaml's post-training-k8s
+on a ``kubernetes`` work pool whose base job template is k8s/prefect/base-job-template.json, and a run of it
+that the real Prefect kubernetes worker (prefect-kubernetes, its own process) turns into the flow-run Job; the
+stand-in's kubelet runs that pod, whose flow submits the training and eval Jobs below.
 
 The flow's tasks submit through the real client to the stand-in API server: the 2-rank ZeRO-3 SFT
 and GRPO as an Indexed Job + headless Service (two pods that rendezvous through the Service's
