@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 # The CPU torch wheel lives on local disk on this kind of machine; elsewhere pip uses the index.
 FIND_LINKS := $(if $(wildcard /opt/wheels),--find-links /opt/wheels,)
 
-.PHONY: demo test test-fast test-unit test-integration system-deps bench clean realistic image
+.PHONY: demo test test-fast test-unit test-integration system-deps bench clean realistic image image-worker
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -53,3 +53,7 @@ clean:
 # Needs root and podman/runc/debootstrap (apt-get install -y podman runc debootstrap).
 image:
 	bash scripts/build-image.sh
+
+# The Prefect kubernetes worker's image (docker/Dockerfile.worker): prefect + prefect-kubernetes built in.
+image-worker:
+	bash scripts/build-image.sh --worker

@@ -66,7 +66,7 @@ def load_flow(entrypoint: str):
     return load_flow_from_entrypoint(f"{REPO / file}:{name}")
 
 
-def servable(entries: list[DeploymentEntry], skip_pools: tuple[str, ...] = ("temper-kubernetes",)) -> list[Any]:
+def servable(entries: list[DeploymentEntry], skip_pools: tuple[str, ...] = ("temper-k8s",)) -> list[Any]:
     """RunnerDeployments for ``serve``: what a local process can run."""
     out = []
     for e in entries:

@@ -5,12 +5,20 @@
 # The image is tagged by the hash of everything that goes into it, so an unchanged tree is not rebuilt.
 #   scripts/build-image.sh            -> prints the image reference (localhost/temper-workload:<hash>)
 #   scripts/build-image.sh --tag      -> prints the reference this tree's image has, without building
+#   scripts/build-image.sh --worker [--tag]  -> the same for the Prefect worker's image (docker/Dockerfile.worker,
+#                                       localhost/temper-prefect-worker:<hash>): prefect + prefect-kubernetes
 # Needs root (podman, debootstrap): `make image` runs it.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 BASE=localhost/debian-min:bookworm
 NAME=localhost/temper-workload
+DOCKERFILE=docker/Dockerfile
+if [ "${1:-}" = "--worker" ]; then
+  shift
+  NAME=localhost/temper-prefect-worker
+  DOCKERFILE=docker/Dockerfile.worker
+fi
 # Here podman must not set rlimits it is not allowed to (containers.conf) and crun refuses the cgroup
 # layout, so runc (measured, ../shared/STACK_NOTES.md).
 export CONTAINERS_CONF="${CONTAINERS_CONF:-$PWD/docker/containers.conf}"
@@ -27,11 +35,16 @@ if ! "${PODMAN[@]}" image exists "$BASE"; then
 fi
 
 # Inputs: the Dockerfile, what it copies, the base image's id and the package sources.
+if [ "$DOCKERFILE" = docker/Dockerfile.worker ]; then  # it copies pyproject.toml only (the pins)
+  inputs=$( { "${PODMAN[@]}" image inspect --format '{{.Id}}' "$BASE"; cat docker/Dockerfile.worker pyproject.toml; \
+              ls /opt/wheels 2>/dev/null || true; } | sha256sum | cut -c1-12)
+else
 inputs=$( { "${PODMAN[@]}" image inspect --format '{{.Id}}' "$BASE"; \
             git ls-files -s docker/Dockerfile pyproject.toml README.md temper infra workloads data_contracts flows \
               tasks configs domains docker/accelerate-zero3-multinode.yaml docker/accelerate-zero3-multinode-cpu.yaml; \
             git diff HEAD -- temper infra workloads data_contracts flows tasks configs domains docker pyproject.toml; \
             ls /opt/wheels 2>/dev/null || true; } | sha256sum | cut -c1-12)
+fi
 IMAGE="$NAME:$inputs"
 if [ "${1:-}" = "--tag" ]; then echo "$IMAGE"; exit 0; fi
 if "${PODMAN[@]}" image exists "$IMAGE"; then
@@ -51,5 +64,5 @@ done
 if [ -d /opt/wheels ]; then args+=(-v /opt/wheels:/opt/wheels:ro --build-arg PIP_FIND_LINKS=/opt/wheels); fi
 
 echo "building $IMAGE" >&2
-"${PODMAN[@]}" build -f docker/Dockerfile "${args[@]}" -t "$IMAGE" -t "$NAME:latest" . >&2
+"${PODMAN[@]}" build -f "$DOCKERFILE" "${args[@]}" -t "$IMAGE" -t "$NAME:latest" . >&2
 echo "$IMAGE"

@@ -1,5 +1,10 @@
-"""post_training with ``backend: kubernetes`` on the stand-in cluster (tests/k8s_standin), under
-Prefect's test harness, with a real MLflow server and moto's S3 server.
+"""post_training with ``backend: kubernetes`` on the stand-in cluster (tests/k8s_standin), with a real Prefect
+server (Prefect's test harness), a real MLflow server and moto's S3 server.
+
+The main test starts the cluster run as an operator does: `prefect deploy` of prefect.yaml's post-training-k8s
+on a ``kubernetes`` work pool whose base job template is k8s/prefect/base-job-template.json, and a run of it
+that the real Prefect kubernetes worker (prefect-kubernetes, its own process) turns into the flow-run Job; the
+stand-in's kubelet runs that pod, whose flow submits the training and eval Jobs below.
 
 The flow's tasks submit through the real client to the stand-in API server: the 2-rank ZeRO-3 SFT
 and GRPO as an Indexed Job + headless Service (two pods that rendezvous through the Service's
@@ -81,6 +86,78 @@ def on_cluster(temper_home, s3_env, flow_env, k8s_cluster, monkeypatch, tmp_path
     k8s_cluster.set_options = options
     yield k8s_cluster
     execution_for.cache_clear()
+
+
+POOL = "temper-k8s"  # the work pool k8s/base/prefect-worker.yaml polls and prefect.yaml's kubernetes deployments use
+
+
+@pytest.fixture
+def k8s_worker(on_cluster, tmp_path, request):
+    """The real Prefect worker of a ``kubernetes`` work pool (prefect-kubernetes, ``prefect worker start --type
+    kubernetes``) in its own process, its kube config pointing at the stand-in, polling the session's Prefect
+    server; the pool's base job template is k8s/prefect/base-job-template.json, as `prefect work-pool create`
+    makes it (docs/kubernetes.md). The cluster holds what k8s/base gives a flow-run pod: the temper-flow-runner
+    account and the temper-k8s-options ConfigMap (the options the test set, mounted at /etc/temper).
+
+    A test module's ``WORKER_IMAGE`` runs the worker in that container image instead (podman, host network,
+    read-only root, uid 1000, as k8s/base/prefect-worker.yaml runs it; test_worker_image.py).
+
+    Yields ``deploy(name)``: `prefect deploy` of prefect.yaml's deployment ``name`` (the image the stand-in's
+    workload image, the flow code at /app, as in the real image), and the worker's log file."""
+    import os
+    import subprocess
+    from pathlib import Path
+
+    from prefect.client.schemas.actions import WorkPoolCreate
+    from prefect.settings import PREFECT_API_URL
+
+    from tests.conftest import REPO
+    from tests.integration.conftest import BIN, stop_process
+
+    template = json.loads((REPO / "k8s/prefect/base-job-template.json").read_text())
+    _prefect(lambda c: c.create_work_pool(WorkPoolCreate(name=POOL, type="kubernetes", base_job_template=template),
+                                          overwrite=True))
+    core = k.CoreV1Api(on_cluster.api_client)
+    core.create_namespaced_service_account(NS, k.V1ServiceAccount(metadata=k.V1ObjectMeta(name="temper-flow-runner")))
+    core.create_namespaced_config_map(NS, k.V1ConfigMap(metadata=k.V1ObjectMeta(name="temper-k8s-options"), data={
+        "options.yaml": Path(os.environ["TEMPER_K8S_OPTIONS"]).read_text()}))
+    # the flow-run pod (500m) on top of the 4 CPUs the test's training and sandbox pods were sized to fill
+    node = core.list_node().items[0].metadata.name
+    core.patch_node_status(node, {"status": {"capacity": {"cpu": "5"}, "allocatable": {"cpu": "5"}}})
+    env = {**os.environ, "PREFECT_API_URL": PREFECT_API_URL.value(), "KUBECONFIG": str(on_cluster.kubeconfig),
+           # as k8s/base/prefect-worker.yaml: the observer watches this namespace only, no kube-system read
+           "PREFECT_INTEGRATIONS_KUBERNETES_OBSERVER_NAMESPACES": NS, "PREFECT_KUBERNETES_CLUSTER_UID": "temper-standin",
+           "PREFECT_WORKER_QUERY_SECONDS": "1"}  # poll every second (default 10 s)
+    log = tmp_path / "worker.log"
+    command = ["prefect", "worker", "start", "--pool", POOL, "--type", "kubernetes", "--install-policy", "never",
+               "--name", "standin-worker"]
+    image = getattr(request.module, "WORKER_IMAGE", None)
+    if image:
+        container = f"temper-worker-{os.getpid()}"
+        passed = ("PREFECT_API_URL", "PREFECT_INTEGRATIONS_KUBERNETES_OBSERVER_NAMESPACES", "PREFECT_KUBERNETES_CLUSTER_UID",
+                  "PREFECT_WORKER_QUERY_SECONDS")
+        command = ["podman", "--runtime", "runc", "run", "--rm", "--name", container, "--network", "host", "--read-only",
+                   "--user", "1000:1000", "--tmpfs", "/home/prefect:rw,size=256m", "--tmpfs", "/tmp:rw,size=256m",
+                   "-v", f"{on_cluster.kubeconfig}:/etc/kube/config:ro", "-e", "KUBECONFIG=/etc/kube/config",
+                   *[a for var in passed for a in ("-e", f"{var}={env[var]}")], image(), *command]
+        env.setdefault("CONTAINERS_CONF", str(REPO / "docker" / "containers.conf"))
+    else:
+        command[0] = str(BIN / "prefect")
+    proc = subprocess.Popen(command, stdout=log.open("w"), stderr=subprocess.STDOUT, env=env, start_new_session=True)
+
+    def deploy(name: str, **env_vars: str) -> None:
+        out = subprocess.run([str(BIN / "prefect"), "--no-prompt", "deploy", "--prefect-file", str(REPO / "prefect.yaml"),
+                              "--name", name], cwd=REPO, capture_output=True, text=True, timeout=300,
+                             env={**env, "TEMPER_IMAGE": "temper-workload:latest", "TEMPER_CODE_DIR": "/app", **env_vars})
+        assert out.returncode == 0, out.stdout + out.stderr
+
+    try:
+        yield deploy, log
+    finally:
+        stop_process(proc)
+        if image:
+            subprocess.run(["podman", "--runtime", "runc", "rm", "-f", "--ignore", container], env=env, capture_output=True)
+        print(f"worker log: {log}")
 
 
 def _prefect(coro_fn):
@@ -178,22 +255,54 @@ def _grpo_sandboxed():
 GRPO_SANDBOXED = _grpo_sandboxed()
 
 
+def run_on_the_worker(cluster, deploy, params) -> tuple:
+    """The cluster side of a run as an operator starts it: `prefect deploy` of prefect.yaml's post-training-k8s,
+    a run of that deployment, which the kubernetes worker turns into a flow-run Job from the pool's base job
+    template; the stand-in's kubelet runs that pod (`prefect flow-run execute` in the workload image), whose
+    flow submits its training and eval Jobs to the same cluster. Returns (flow run, its Job, seconds to deploy).
+
+    Per run (job variables, as `prefect deployment run --job-variable` gives them): the test's MLflow and S3
+    endpoints, the stand-in's kubeconfig (it has no in-cluster tokens), and result storage on the shared disk
+    so this process reads the flow's return value (a real cluster would use an S3 result storage)."""
+    import os
+
+    from prefect.deployments import run_deployment
+
+    t = time.perf_counter()
+    deploy("post-training-k8s", TEMPER_STORAGE_ROOT=os.environ["TEMPER_STORAGE_ROOT"])
+    deployed = time.perf_counter() - t
+    env = {"TEMPER_TRACKING_URI": os.environ["TEMPER_TRACKING_URI"], "TEMPER_S3_ENDPOINT_URL": os.environ["TEMPER_S3_ENDPOINT_URL"],
+           "KUBECONFIG": os.environ["KUBECONFIG"], "PREFECT_RESULTS_PERSIST_BY_DEFAULT": "true",
+           "PREFECT_RESULTS_LOCAL_STORAGE_PATH": str(cluster.shared_dir / "prefect-results")}
+    run = run_deployment("post_training/post-training-k8s", parameters={"params": params.model_dump(mode="json")},
+                         job_variables={"env": env}, timeout=1500, poll_interval=2)
+    batch = k.BatchV1Api(cluster.api_client)
+    (job,) = batch.list_namespaced_job(NS, label_selector=f"prefect.io/flow-run-id={run.id}").items
+    # the flow reported Completed from inside the pod; the pod's process ends just after
+    cluster.wait_for("the flow-run Job succeeded", lambda: batch.read_namespaced_job(job.metadata.name, NS).status.succeeded,
+                     timeout=120)
+    return run, batch.read_namespaced_job(job.metadata.name, NS), deployed
+
+
 @pytest.mark.timeout(1800)  # two whole post_training runs (~5 min each on 2 shared cores)
-def test_post_training_on_the_cluster_equals_the_local_run(on_cluster):
+def test_post_training_on_the_cluster_equals_the_local_run(on_cluster, k8s_worker):
     from mlflow.tracking import MlflowClient
 
     from flows.post_training import post_training
 
+    deploy, worker_log = k8s_worker
     evictor = EvictAfterFirstCheckpoint(on_cluster, "sft")
     evictor.start()
     t = time.perf_counter()
     try:
-        state = post_training(_params("kubernetes", **GRPO_SANDBOXED), return_state=True)
+        run, flow_job, deploy_s = run_on_the_worker(on_cluster, deploy, _params("kubernetes", **GRPO_SANDBOXED))
     finally:
         evictor.done.set()
     k8s_wall = time.perf_counter() - t
-    assert state.is_completed(), state.message
+    state = run.state
+    assert state.is_completed(), (state.message, worker_log.read_text()[-3000:])
     remote = state.result()
+    check_flow_run_job(on_cluster, run, flow_job)
     t = time.perf_counter()
     local_state = post_training(_params("local", **GRPO_SANDBOXED), return_state=True)
     local_wall = time.perf_counter() - t
@@ -208,8 +317,8 @@ def test_post_training_on_the_cluster_equals_the_local_run(on_cluster):
 
     batch, core = k.BatchV1Api(on_cluster.api_client), k.CoreV1Api(on_cluster.api_client)
     jobs = {j.metadata.name: j for j in batch.list_namespaced_job(NS).items}
-    train = sorted(n for n, j in jobs.items() if j.metadata.labels["temper.dev/kind"] == "train")
-    evals = [j for j in jobs.values() if j.metadata.labels["temper.dev/kind"] == "eval"]
+    train = sorted(n for n, j in jobs.items() if j.metadata.labels.get("temper.dev/kind") == "train")
+    evals = [j for j in jobs.values() if j.metadata.labels.get("temper.dev/kind") == "eval"]
     # SFT: the evicted attempt (rank 0 lost its peer: the Job failed) and its retry Job; GRPO
     assert evictor.evicted and evictor.evicted.startswith("sft-"), "no SFT rank was evicted"
     sft = next(n for n in train if n.startswith("sft-") and not n.endswith("-r1"))
@@ -250,12 +359,37 @@ def test_post_training_on_the_cluster_equals_the_local_run(on_cluster):
         print(f"{stage}: {steps} losses, largest difference kubernetes vs local {worst:.2e}")
 
     for stage in ("train-sft", "train-grpo"):
-        k8s_first, k8s_stage = _stage_timing(state.state_details.flow_run_id, stage)
+        k8s_first, k8s_stage = _stage_timing(run.id, stage)
         loc_first, loc_stage = _stage_timing(local_state.state_details.flow_run_id, stage)
         print(f"{stage}: submission->first step kubernetes {k8s_first:.1f}s local {loc_first:.1f}s; "
               f"whole stage kubernetes {k8s_stage:.1f}s local {loc_stage:.1f}s"
               + (" (kubernetes: with the eviction and the retry Job)" if stage == "train-sft" else ""))
-    print(f"whole flow: kubernetes {k8s_wall:.0f}s local {local_wall:.0f}s")
+    print(f"whole flow: kubernetes {k8s_wall:.0f}s (of it `prefect deploy` {deploy_s:.1f}s, run created -> flow started in "
+          f"its pod {(run.start_time - run.created).total_seconds():.1f}s) local {local_wall:.0f}s")
+
+
+def check_flow_run_job(cluster, run, job) -> None:
+    """The flow-run Job is the pool's base job template rendered by the worker, and the worker's observer
+    (prefect-kubernetes' kopf watches of this namespace) replicated its pod's phases as Prefect events."""
+    from prefect.events.filters import EventFilter, EventNameFilter, EventRelatedFilter
+
+    pod_spec = job.spec.template.spec
+    (container,) = pod_spec.containers
+    assert job.metadata.labels["prefect.io/flow-run-id"] == str(run.id) and job.spec.backoff_limit == 0
+    assert pod_spec.service_account_name == "temper-flow-runner" and container.name == "prefect-job"
+    assert container.image == "temper-workload:latest" and container.args[:3] == ["prefect", "flow-run", "execute"]
+    assert container.security_context.read_only_root_filesystem and pod_spec.security_context.run_as_non_root
+    assert {m.mount_path for m in container.volume_mounts} == {"/tmp", "/etc/temper"}
+    env = {e.name: e.value for e in container.env}
+    assert env["PREFECT__FLOW_RUN_ID"] == str(run.id) and env["TEMPER_K8S_OPTIONS"] == "/etc/temper/options.yaml"
+
+    def phases() -> set[str]:
+        page = _prefect(lambda c: c.read_events(EventFilter(event=EventNameFilter(prefix=["prefect.kubernetes.pod."]),
+                                                            related=EventRelatedFilter(id=[f"prefect.flow-run.{run.id}"])), limit=50))
+        return {e.event.rsplit(".", 1)[-1] for e in page.events}
+
+    cluster.wait_for("the observer's pod events", lambda: {"running", "succeeded"} <= phases(), timeout=60)
+    print(f"flow-run Job {job.metadata.name}: pod events {sorted(phases())}")
 
 
 @pytest.mark.timeout(900)

@@ -177,3 +177,40 @@ def test_execs_from_several_threads_leave_the_other_calls_alone(k8s_cluster):
     for i in range(2):
         api.delete("Pod", NS, f"busy-{i}")
     assert phase(api, "busy-0") is None and phase(api, "busy-1") is None
+
+
+def test_watch_streams_a_pods_life_and_expires_a_compacted_revision(k8s_cluster):
+    """The watch API as informers and prefect-kubernetes' observer (kopf) use it, through the official client's
+    ``watch.Watch``: the list's resourceVersion, then the pod's ADDED, MODIFIED (bound, running, succeeded) and
+    DELETED, filtered by label; a revision older than the server keeps is 410 Expired; discovery lists the kinds."""
+    from kubernetes import watch
+
+    k8s_cluster.create_namespace(NS)
+    core = k.CoreV1Api(k8s_cluster.api_client)
+    core.create_namespaced_pod(NS, pod("other", ["true"]))  # another label: never in the stream
+    since = core.list_namespaced_pod(NS, label_selector="app=watched").metadata.resource_version
+    core.create_namespaced_pod(NS, pod("watched", ["sh", "-c", "sleep 0.5"]))
+    seen = []
+    for event in watch.Watch().stream(core.list_namespaced_pod, NS, label_selector="app=watched",
+                                      resource_version=since, timeout_seconds=30):
+        seen.append((event["type"], event["object"].status.phase))
+        if event["type"] == "MODIFIED" and event["object"].status.phase == "Succeeded":
+            core.delete_namespaced_pod("watched", NS)
+        if event["type"] == "DELETED":
+            break
+    assert seen[0] == ("ADDED", "Pending") and seen[-1][0] == "DELETED", seen
+    assert ("MODIFIED", "Running") in seen and ("MODIFIED", "Succeeded") in seen, seen
+
+    # without a resourceVersion: the objects that exist now, as ADDED
+    now = [e for e in watch.Watch().stream(core.list_namespaced_pod, NS, timeout_seconds=1)]
+    assert [(e["type"], e["object"].metadata.name) for e in now] == [("ADDED", "other")]
+
+    k8s_cluster.call(lambda: setattr(k8s_cluster.store, "compacted_rv", k8s_cluster.store.last_rv))  # as etcd compacts
+    with pytest.raises(ApiException) as e:
+        list(watch.Watch().stream(core.list_namespaced_pod, NS, resource_version=since, timeout_seconds=5))
+    assert e.value.status == 410 and "too old resource version" in str(e.value)
+
+    resources = k.CoreApi(k8s_cluster.api_client).get_api_versions().versions
+    assert resources == ["v1"]
+    batch = {r.name for r in k.BatchV1Api(k8s_cluster.api_client).get_api_resources().resources}
+    assert batch == {"jobs"}

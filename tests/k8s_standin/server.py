@@ -17,7 +17,9 @@ An eviction adds the ``DisruptionTarget`` condition (reason ``EvictionByEviction
 pod's status, then deletes it gracefully, as the eviction subresource does since 1.26. There
 are no PodDisruptionBudgets, so an eviction is never refused with 429.
 
-Cut: no authentication/authorization, no watch, ``fieldSelector`` over any path (not only the
+Watches and discovery (``?watch=true``, ``/api``, ``/apis``, ``/api/v1``...) are in ``watch``.
+
+Cut: no authentication/authorization, ``fieldSelector`` over any path (not only the
 fields the real server indexes), no pagination
 (``limit``/``continue`` are ignored: one page), no discovery beyond ``/version``.
 """
@@ -31,7 +33,7 @@ from pathlib import Path
 import jsonpatch
 from aiohttp import web
 
-from tests.k8s_standin import admission, kueue
+from tests.k8s_standin import admission, kueue, watch
 from tests.k8s_standin.store import BY_PATH, ApiError, Kind, Store, now
 
 STATUS_KINDS = {"Pod", "Job", "Service", "Namespace", "Node", "ResourceQuota", *kueue.KINDS}
@@ -78,6 +80,11 @@ class ApiServer:
         self.store, self.kubelet = store, kubelet
         self.app = web.Application(middlewares=[self._errors], client_max_size=64 << 20)
         self.app.router.add_get("/version", self.version)
+        for slash in ("", "/"):  # clients ask for both (the official Python client with the slash)
+            self.app.router.add_get("/api" + slash, watch.api_versions)
+            self.app.router.add_get("/apis" + slash, watch.api_groups)
+        self.app.router.add_get("/api/{version}", watch.api_resources)
+        self.app.router.add_get("/apis/{group}/{version}", watch.api_resources)
         self.app.router.add_route("*", "/api/{version}/{tail:.*}", self.core)
         self.app.router.add_route("*", "/apis/{group}/{version}/{tail:.*}", self.grouped)
 
@@ -108,6 +115,8 @@ class ApiServer:
 
     async def _route(self, request, group: str, version: str, tail: str):
         parts = [p for p in tail.split("/") if p]
+        if not parts and request.method == "GET":  # /api/v1/, /apis/<group>/<version>/
+            return await watch.api_resources(request)
         ns = None
         if len(parts) >= 3 and parts[0] == "namespaces" and (group, version, parts[2]) in BY_PATH:
             ns, parts = parts[1], parts[2:]
@@ -137,7 +146,7 @@ class ApiServer:
     async def _collection(self, request, kind: Kind, ns: str):
         if request.method == "GET":
             if request.query.get("watch") in ("true", "1"):
-                raise ApiError(405, "MethodNotAllowed", "watch is not served by the stand-in (nothing in temper watches)")
+                return await watch.serve_watch(request, self.store, kind, ns or None, field_match)
             items = self.store.list(kind.kind, ns or None, request.query.get("labelSelector"))
             items = [o for o in items if field_match(o, request.query.get("fieldSelector"))]
             return web.json_response({"kind": f"{kind.kind}List", "apiVersion": kind.api_version,

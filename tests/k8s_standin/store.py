@@ -18,7 +18,8 @@ What it imitates (kube-apiserver + etcd, for the kinds temper touches):
 
 Cut: no field validation against the OpenAPI schema (the client only sends fields its models
 know), no defaulting beyond what the controllers read, no field managers / server-side apply,
-no ``watch`` history (the controllers poll; nothing in temper watches).
+a bounded ``watch`` history (``history``: the last ``HISTORY`` writes as ADDED/MODIFIED/DELETED
+events, older resourceVersions answer 410 Gone as after etcd compaction; the controllers poll).
 All calls run on the stand-in's event loop thread; there is no locking.
 """
 
@@ -29,7 +30,10 @@ import datetime as dt
 import itertools
 import re
 import uuid
+from collections import deque
 from dataclasses import dataclass
+
+HISTORY = 20000  # watch events kept (etcd keeps ~5 min of revisions by default)
 
 
 class ApiError(Exception):
@@ -144,6 +148,10 @@ class Store:
     def __init__(self) -> None:
         self.objects: dict[tuple[str, str, str], dict] = {}
         self._rv = itertools.count(1)
+        self.last_rv = 0
+        # (resourceVersion, ADDED/MODIFIED/DELETED, the object as written) for watches (watch.py)
+        self.history: deque[tuple[int, str, dict]] = deque(maxlen=HISTORY)
+        self.compacted_rv = 0  # watches from a resourceVersion below this get 410 Gone
 
     # --- reads ---------------------------------------------------------------------------------
     def get(self, kind: str, namespace: str, name: str) -> dict:
@@ -165,12 +173,19 @@ class Store:
         return sorted(out, key=lambda o: (o["metadata"].get("namespace", ""), o["metadata"]["name"]))
 
     def resource_version(self) -> str:
-        return str(max((int(o["metadata"]["resourceVersion"]) for o in self.objects.values()), default=0))
+        """The store's current revision (a list's ``metadata.resourceVersion``: watch from here)."""
+        return str(self.last_rv)
 
     # --- writes --------------------------------------------------------------------------------
     def _bump(self, obj: dict) -> dict:
-        obj["metadata"]["resourceVersion"] = str(next(self._rv))
+        self.last_rv = next(self._rv)
+        obj["metadata"]["resourceVersion"] = str(self.last_rv)
         return obj
+
+    def _record(self, event: str, obj: dict) -> None:
+        if len(self.history) == self.history.maxlen:
+            self.compacted_rv = self.history[0][0]
+        self.history.append((int(obj["metadata"]["resourceVersion"]), event, copy.deepcopy(obj)))
 
     def create(self, kind: str, namespace: str, body: dict, admit=None) -> dict:
         """``admit(obj)`` runs once uid/name are set and may refuse (raise ApiError) or default fields."""
@@ -210,6 +225,7 @@ class Store:
         if admit is not None:
             admit(obj)
         self.objects[key] = self._bump(obj)
+        self._record("ADDED", obj)
         return obj
 
     def replace(self, obj: dict, check_version: str | None = None) -> dict:
@@ -226,7 +242,7 @@ class Store:
         if obj.get("spec") != current.get("spec"):
             meta["generation"] = current["metadata"].get("generation", 1) + 1
         self.objects[(obj["kind"], meta.get("namespace", ""), meta["name"])] = self._bump(obj)
-        self._maybe_remove(obj)
+        self._record("DELETED" if self._maybe_remove(obj) else "MODIFIED", obj)
         return obj
 
     def delete(self, kind: str, namespace: str, name: str, grace_s: int | None = None) -> dict:
@@ -242,17 +258,19 @@ class Store:
                     meta["deletionTimestamp"], meta["deletionGracePeriodSeconds"] = now(), grace
                 else:  # a second delete may only shorten the grace period
                     meta["deletionGracePeriodSeconds"] = min(grace, meta["deletionGracePeriodSeconds"])
-                return self._bump(obj)
+                self._bump(obj)
+                self._record("MODIFIED", obj)
+                return obj
             meta["deletionGracePeriodSeconds"] = 0
         meta.setdefault("deletionTimestamp", now())
         self._bump(obj)
-        self._maybe_remove(obj)
+        self._record("DELETED" if self._maybe_remove(obj) else "MODIFIED", obj)
         return obj
 
-    def _maybe_remove(self, obj: dict) -> None:
+    def _maybe_remove(self, obj: dict) -> bool:
         meta = obj["metadata"]
         if not meta.get("deletionTimestamp") or meta.get("finalizers"):
-            return
+            return False
         if obj["kind"] == "Pod" and meta.get("deletionGracePeriodSeconds", 0) > 0:
-            return  # the kubelet confirms the processes are gone (delete with grace 0)
-        self.objects.pop((obj["kind"], meta.get("namespace", ""), meta["name"]), None)
+            return False  # the kubelet confirms the processes are gone (delete with grace 0)
+        return self.objects.pop((obj["kind"], meta.get("namespace", ""), meta["name"]), None) is not None
