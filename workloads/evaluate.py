@@ -54,7 +54,9 @@ class EvalResult:
     ids: list[str] = field(default_factory=list)
     wall_s: float = 0.0
     samples: list[dict[str, Any]] = field(default_factory=list)
-    too_long: int = 0  # prompts that do not fit the model's context with the new tokens: not generated, scored as ""
+    # prompts that do not fit the model's context with the new tokens: not generated, scored as "" (multi-step
+    # domains: model turns refused so, each ending its episode as no_action)
+    too_long: int = 0
     # per item, the prompt length (tokens) it was made for, on long-context domains (their rows record it): the
     # effective context length is computed from (length, reward) pairs (temper.registry.effective_context)
     context_lengths: list[int] = field(default_factory=list)
