@@ -99,7 +99,9 @@ def read(path: str | Path) -> list[dict[str, Any]]:
 
 def read_new(path: str | Path, offset: int) -> tuple[list[dict[str, Any]], int]:
     """The whole lines appended to a trajectory file since byte ``offset`` (a writer's half-written last
-    line is left for the next call), and the offset to continue from; ([], offset) when there is no file."""
+    line is left for the next call), and the offset to continue from; ([], offset) when there is no file.
+    A line that is not a JSON object (a write cut short by a full disk) is skipped: sampling episodes for
+    a look must never stop a training step."""
     path = Path(path)
     if not path.exists():
         return [], offset
@@ -107,7 +109,15 @@ def read_new(path: str | Path, offset: int) -> tuple[list[dict[str, Any]], int]:
         f.seek(offset)
         data = f.read()
     complete = data[: data.rfind(b"\n") + 1]
-    return [json.loads(line) for line in complete.splitlines() if line.strip()], offset + len(complete)
+    out = []
+    for line in complete.splitlines():
+        try:
+            row = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(row, dict) and isinstance(row.get("turns"), list) and "outcome" in row:
+            out.append(row)
+    return out, offset + len(complete)
 
 
 def first_per_domain(lines: list[dict[str, Any]], k: int) -> list[dict[str, Any]]:

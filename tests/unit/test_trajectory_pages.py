@@ -38,6 +38,10 @@ def test_new_lines_are_read_once_and_a_half_written_line_waits(tmp_path):
     with open(path, "a") as f:
         f.write(json.dumps(_episode(["<done/>"], "c"))[:40])  # a writer mid-line
     assert trajectories.read_new(path, offset) == ([], offset)
+    with open(path, "a") as f:  # ... and the rest of that line never came: the next one is read, the stub skipped
+        f.write("\n" + json.dumps(_episode(["<done/>"], "d")) + "\n")
+    more, end = trajectories.read_new(path, offset)
+    assert [t["id"] for t in more] == ["d"] and end == path.stat().st_size
     assert [t["outcome"] for t in lines] == ["done", "no_action"]
 
 
