@@ -7,6 +7,10 @@ With ``TEMPER_SHARD_INDEX``/``TEMPER_NUM_SHARDS`` set (the eval Jobs set them) t
 every NUM_SHARDS-th domain starting at SHARD_INDEX, so shards split the work without talking
 to each other. Writes one JSON result per domain, ``<out>/<domain>.json``, with per-sample
 rewards, so later comparisons can bootstrap intervals; where a domain ran does not show.
+A multi-step domain (verifier family ``episode``) is played as episodes, turn by turn, in its
+environment (``temper.agent.greedy_episodes``: greedy turns of the domain's ``turn_tokens``, up to its
+``max_turns``; ``--max-new-tokens`` is for single-turn domains), and its result carries each
+episode's turns, outcome and trajectory.
 
     python -m workloads.evaluate --model DIR --domain A --domain B --out DIR_OR_URI [--limit 64]
 """
@@ -26,8 +30,9 @@ from typing import Any, TextIO
 
 from tqdm import tqdm
 
-from infra.sandbox.pool import close_shared
+from infra.sandbox.pool import close_shared, shared_pool
 from infra.storage import join, local_folder, write_bytes_atomic
+from temper.agent.greedy_episodes import play_episodes
 from temper.core.settings import get_settings
 from temper.data.catalog import load_catalog, select_domains
 from temper.data.datasets import load_dataset
@@ -49,10 +54,17 @@ class EvalResult:
     ids: list[str] = field(default_factory=list)
     wall_s: float = 0.0
     samples: list[dict[str, Any]] = field(default_factory=list)
-    too_long: int = 0  # prompts that do not fit the model's context with the new tokens: not generated, scored as ""
+    # prompts that do not fit the model's context with the new tokens: not generated, scored as "" (multi-step
+    # domains: model turns refused so, each ending its episode as no_action)
+    too_long: int = 0
     # per item, the prompt length (tokens) it was made for, on long-context domains (their rows record it): the
     # effective context length is computed from (length, reward) pairs (temper.registry.effective_context)
     context_lengths: list[int] = field(default_factory=list)
+    # multi-step domains (verifier family 'episode'), per item: model turns played, how the episode ended,
+    # and the whole episode as a trajectory line (temper.agent.trajectories), played turn by turn
+    turns: list[int] = field(default_factory=list)
+    outcomes: list[str] = field(default_factory=list)
+    trajectories: list[dict[str, Any]] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -192,17 +204,43 @@ def with_progress(results: Iterable[EvalResult], total: int, file: TextIO | None
         bar.close()
 
 
+EPISODE_FAMILY = "episode"  # multi-step domains: played turn by turn (temper.agent.greedy_episodes)
+
+
+def _play(produce, domain, verifier, records: list[dict], prompts: list[str]) -> tuple[list[dict], int]:
+    """A multi-step domain's eval: one greedy episode per record through its environment, turn by turn;
+    (trajectory lines, generations refused as too long)."""
+    kind = domain.verifier.params.get("env", "files")
+    refused = [0]
+
+    def turn(contexts: list[str], max_new: int) -> list[str]:
+        out = produce(contexts, max_new)
+        refused[0] += getattr(produce, "too_long", 0)
+        return out
+
+    lines = play_episodes(verifier.environment, kind, domain.name, records, prompts, turn,
+                          int(domain.verifier.params.get("turn_tokens", 64)),
+                          wave=shared_pool("shell").size if kind == "files" else 64)
+    return lines, refused[0]
+
+
 def _evaluate(produce, model_dir: str, domain, limit: int, max_new_tokens: int, keep_samples: int) -> EvalResult:
     ds = load_dataset(domain, get_settings())
     frame = ds.frame[ds.frame[domain.split.column] == domain.split.eval].head(limit)
     records = frame.to_dict(orient="records")
     t = time.perf_counter()
     prompts = [domain.render_prompt(r) for r in records]
-    completions = produce(prompts, max_new_tokens) if records else []
-    too_long = getattr(produce, "too_long", 0) if records else 0
     verifier = get_verifier(domain.verifier.family, domain.verifier.params)
-    verdicts = asyncio.run(_score_all(verifier, records, completions))
-    rewards = [None if v is None else float(v.reward) for v in verdicts]
+    episodes: list[dict] = []
+    if domain.verifier.family == EPISODE_FAMILY:
+        episodes, too_long = _play(produce, domain, verifier, records, prompts) if records else ([], 0)
+        completions = ["\n".join(turn["action"] for turn in e["turns"]) for e in episodes]
+        rewards = [e["reward"] for e in episodes]
+    else:
+        completions = produce(prompts, max_new_tokens) if records else []
+        too_long = getattr(produce, "too_long", 0) if records else 0
+        verdicts = asyncio.run(_score_all(verifier, records, completions))
+        rewards = [None if v is None else float(v.reward) for v in verdicts]
     scored = [r for r in rewards if r is not None]
     return EvalResult(
         domain=domain.name, model=model_dir, dataset_uri=ds.uri, dataset_sha256=ds.digest, n=len(records),
@@ -213,6 +251,7 @@ def _evaluate(produce, model_dir: str, domain, limit: int, max_new_tokens: int, 
                  for r, p, c, w in list(zip(records, prompts, completions, rewards))[:keep_samples]],
         too_long=too_long,
         context_lengths=[int(r["target_tokens"]) for r in records] if "target_tokens" in frame.columns else [],
+        turns=[len(e["turns"]) for e in episodes], outcomes=[e["outcome"] for e in episodes], trajectories=episodes,
     )
 
 
@@ -237,7 +276,8 @@ def main(argv: list[str] | None = None) -> int:
         for result in with_progress(results, len(mine)):
             write_bytes_atomic(join(out, f"{result.domain}.json"), json.dumps(result.to_dict()).encode())
             # tqdm.write: the line goes above the bar (when there is one), not through it
-            tqdm.write(json.dumps({k: v for k, v in result.to_dict().items() if k not in ("rewards", "ids", "samples")}),
+            tqdm.write(json.dumps({k: v for k, v in result.to_dict().items()
+                                   if k not in ("rewards", "ids", "samples", "turns", "outcomes", "trajectories")}),
                        file=sys.stdout)
             sys.stdout.flush()
     finally:

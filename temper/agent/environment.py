@@ -42,6 +42,7 @@ Outcome = Literal["running", "done", "max_turns", "budget", "no_action", "timeou
                   "output_limit", "killed", "sandbox_error", "max_tokens"]
 FAILURE_OUTCOMES = ("max_turns", "budget", "no_action", "timeout", "cpu_limit", "memory", "output_limit",
                     "killed", "sandbox_error", "max_tokens")
+ENDINGS = ("done", *FAILURE_OUTCOMES)  # every way a finished episode can end, each counted in the metrics
 
 _TAG = re.compile(
     r"<bash>(?P<bash>.*?)</bash>"
@@ -119,6 +120,12 @@ class EpisodeLimits:
     budget_s: float = 60.0
     step_timeout_s: float = 10.0
     max_observation_chars: int = 1000
+
+
+def observation_block(observation: str) -> str:
+    """An observation as the plain-text block that follows a model turn (training's plain prompts and
+    eval's episodes lay turns and observations end to end the same way)."""
+    return f"\nObservation:\n{observation}\nNext action:\n"
 
 
 def truncate(text: str, limit: int) -> str:

@@ -97,6 +97,63 @@ def read(path: str | Path) -> list[dict[str, Any]]:
     return out
 
 
+def read_new(path: str | Path, offset: int) -> tuple[list[dict[str, Any]], int]:
+    """The whole lines appended to a trajectory file since byte ``offset`` (a writer's half-written last
+    line is left for the next call), and the offset to continue from; ([], offset) when there is no file.
+    A line that is not a JSON object (a write cut short by a full disk) is skipped: sampling episodes for
+    a look must never stop a training step."""
+    path = Path(path)
+    if not path.exists():
+        return [], offset
+    with open(path, "rb") as f:
+        f.seek(offset)
+        data = f.read()
+    complete = data[: data.rfind(b"\n") + 1]
+    out = []
+    for line in complete.splitlines():
+        try:
+            row = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(row, dict) and isinstance(row.get("turns"), list) and "outcome" in row:
+            out.append(row)
+    return out, offset + len(complete)
+
+
+def first_per_domain(lines: list[dict[str, Any]], k: int) -> list[dict[str, Any]]:
+    """The first ``k`` episodes of each domain, in order: the few a logging window shows."""
+    seen: dict[str, int] = {}
+    out = []
+    for t in lines:
+        seen[t.get("domain", "")] = n = seen.get(t.get("domain", ""), 0) + 1
+        if n <= k:
+            out.append(t)
+    return out
+
+
+def markdown(t: dict[str, Any], max_chars: int = 600) -> str:
+    """One episode as a page a person reads: the task, each turn's action, observation (cut to
+    ``max_chars``) and time, the outcome and the reward."""
+    head = [f"# {t.get('domain') or t['env']} episode: {t['outcome']}, reward {t.get('reward')}", ""]
+    where = ", ".join(f"{k} {t[k]}" for k in ("step", "rank", "label", "id") if t.get(k) is not None)
+    head += [f"env `{t['env']}`, {len(t['turns'])} turn(s), {t.get('wall_s', '?')} s" + (f"; {where}" if where else ""),
+             "", "## Task", "", "```", str(t["record"].get("instruction", ""))[:max_chars], "```"]
+    for turn in t["turns"]:
+        head += ["", f"## Turn {turn.get('turn', '?')} (t = {turn.get('t', '?')} s)"
+                 + (f", ended: {turn['outcome']}" if turn.get("outcome") else ""),
+                 "", "Action:", "```", turn["action"][:max_chars], "```"]
+        if turn["observation"]:
+            obs = turn["observation"]
+            cut = f"\n[... {len(obs) - max_chars} more chars]" if len(obs) > max_chars else ""
+            head += ["Observation:", "```", obs[:max_chars] + cut, "```"]
+    return "\n".join(head) + "\n"
+
+
+def artifact_name(t: dict[str, Any], i: int) -> str:
+    """A stable, readable file name for episode ``i`` of a sample (``<domain>-<i>-<outcome>.md``)."""
+    return f"{t.get('domain') or t['env']}-{i:02d}-{t['outcome']}.md"
+
+
 @dataclass
 class ReplayResult:
     domain: str

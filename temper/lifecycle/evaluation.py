@@ -3,14 +3,19 @@
 The eval job (``workloads/evaluate.py``) only computes; recording happens here, in the
 orchestrating process, so a Kubernetes eval Job needs no tracking credentials. The run
 carries the summary metrics and the per-sample rewards (``temper.registry.samples.log_eval_samples``)
-that ``temper models compare`` bootstraps from.
+that ``temper models compare`` bootstraps from; a multi-step domain's run also carries its episodes
+(turns, wall time and endings as metrics, the trajectories, a few of them as readable pages).
 """
 
 from __future__ import annotations
 
+import json
+from collections import Counter
 from typing import Any
 
 from infra import lineage
+from temper.agent import trajectories
+from temper.agent.environment import ENDINGS
 from temper.registry.effective_context import context_figure, effective_context
 from temper.registry.samples import CONTEXT_TAG
 from temper.registry.samples import DOMAIN_TAG as TAG_DOMAIN
@@ -79,10 +84,33 @@ def _log_eval(run_id: str, result: dict[str, Any]) -> None:
                             "scored": result["scored"], "wall_s": result["wall_s"],
                             "too_long": result.get("too_long", 0)})
         tokens = result.get("context_lengths") or None
-        log_eval_samples(result["domain"], list(zip(result["ids"], result["rewards"])), tokens)
+        episodes = [{"turns": n, "outcome": o} for n, o in zip(result.get("turns", []), result.get("outcomes", []))]
+        log_eval_samples(result["domain"], list(zip(result["ids"], result["rewards"])), tokens, episodes or None)
         mlflow.log_dict({"samples": result.get("samples", [])}, f"eval/{result['domain']}-examples.json")
+        if result.get("trajectories"):
+            record_episodes(result["domain"], result["trajectories"])
         if tokens:
             record_effective_context(result["domain"], list(zip(tokens, result["rewards"])))
+
+
+SAMPLED_TRAJECTORIES = 4  # eval episodes per multi-step domain shown as readable pages
+
+
+def record_episodes(domain: str, lines: list[dict[str, Any]]) -> None:
+    """On the active eval run of a multi-step domain: turns per episode, episode wall time and the count of
+    each ending as metrics, every episode as a trajectory file (``temper replay`` reads it) and the first
+    few as readable pages (``trajectories/<domain>/``)."""
+    # lazy: mlflow (1.6 s) would load whenever flows.evaluate is imported
+    import mlflow
+
+    n = len(lines)
+    ends = Counter(t["outcome"] for t in lines)
+    mlflow.log_metrics({"turns_per_episode": sum(len(t["turns"]) for t in lines) / n,
+                        "episode_wall_s": sum(float(t.get("wall_s") or 0.0) for t in lines) / n}
+                       | {f"ended_{e}": float(ends.get(e, 0)) for e in ENDINGS})
+    mlflow.log_text("".join(json.dumps(t, default=str) + "\n" for t in lines), f"eval/{domain}-trajectories.jsonl")
+    for i, t in enumerate(lines[:SAMPLED_TRAJECTORIES]):
+        mlflow.log_text(trajectories.markdown(t), f"trajectories/{domain}/{trajectories.artifact_name(t, i)}")
 
 
 def record_effective_context(domain: str, curve: list[tuple[int, float | None]]) -> None:

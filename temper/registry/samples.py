@@ -25,11 +25,14 @@ VERSION_LABEL = "candidate"  # the label of the evals that belong to the registe
 Samples = list[tuple[str, float | None]]
 
 
-def log_eval_samples(domain: str, rewards: Samples, tokens: list[int] | None = None) -> str:
+def log_eval_samples(domain: str, rewards: Samples, tokens: list[int] | None = None,
+                     episodes: list[dict[str, Any]] | None = None) -> str:
     """Log per-sample rewards of one domain's eval to the active MLflow run; returns the artifact path.
 
     One JSON object per line, ``{"id": ..., "reward": ...}`` (reward ``null`` = not scored),
-    at ``eval/<domain>.jsonl``, plus ``"tokens"`` (the prompt's length) for long-context domains.
+    at ``eval/<domain>.jsonl``, plus ``"tokens"`` (the prompt's length) for long-context domains and
+    ``"turns"``/``"outcome"`` (``episodes``: per sample, e.g. ``{"turns": 3, "outcome": "done"}``) for
+    multi-step ones.
     Mean reward and pass rate on the version are summaries; these samples are what ``temper models
     compare`` and the gate bootstrap their intervals (and effective context lengths) from.
     """
@@ -40,7 +43,8 @@ def log_eval_samples(domain: str, rewards: Samples, tokens: list[int] | None = N
         raise TrackingError(f"log_eval_samples({domain!r}): no active MLflow run to log to")
     path = EVAL_SAMPLES_ARTIFACT.format(domain=domain)
     lines = [json.dumps({"id": str(sample_id), "reward": None if r is None else float(r)}
-                        | ({"tokens": int(tokens[i])} if tokens else {})) for i, (sample_id, r) in enumerate(rewards)]
+                        | ({"tokens": int(tokens[i])} if tokens else {}) | (episodes[i] if episodes else {}))
+             for i, (sample_id, r) in enumerate(rewards)]
     mlflow.log_text("\n".join(lines) + ("\n" if lines else ""), path)
     return path
 

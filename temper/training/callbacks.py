@@ -2,7 +2,8 @@
 
 Every rank runs it (collectives must be entered by all ranks); only rank 0 writes
 metrics.jsonl and talks to MLflow, and each machine's local rank 0 mirrors checkpoints to
-the store (each machine holds its own ranks' ZeRO partitions).
+the store (each machine holds its own ranks' ZeRO partitions). With multi-step domains, a few of the
+episodes of each logging step go to MLflow as readable pages (``trajectories/step-<s>/``).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from typing import Any, Callable
 from transformers import TrainerCallback
 
 from infra import lineage
+from temper.agent import trajectories
 from temper.core.settings import Settings
 from temper.training import checkpoint as ckpt
 from temper.training.charts import curriculum_weights_csv, domain_heatmap_png, domain_table_csv, read_metrics
@@ -24,6 +26,9 @@ from temper.training.curriculum import CurriculumStream
 from temper.training.export import log_and_register, reward_curve_png
 from temper.training.progress import progress_line
 from temper.training.rewards import DomainRewards, merge_summaries, step_totals
+
+
+SAMPLED_TRAJECTORIES = 2  # episodes per multi-step domain and logging step shown as MLflow artifacts
 
 
 def _dist():
@@ -72,6 +77,7 @@ class TemperCallback(TrainerCallback):
         self._t_step = self._t_log = time.perf_counter()
         self._tokens_at_log: float | None = None
         self._t_begin, self._step_begin = time.perf_counter(), 0
+        self._trajectories_read: dict[Path, int] = {}  # trajectory file of a rank on this machine -> bytes sampled
 
     # -- lifecycle ---------------------------------------------------------------------------
     def on_train_begin(self, args, state, control, model=None, **kw):
@@ -81,6 +87,8 @@ class TemperCallback(TrainerCallback):
             self._start_mlflow()
         self._t_log = self._t_begin = time.perf_counter()
         self._step_begin = state.global_step  # > 0 when resumed: the ETA counts this process's pace only
+        for path in (self.out / "trajectories").glob("rank*.jsonl"):  # a resumed run: only new episodes are sampled
+            self._trajectories_read[path] = path.stat().st_size
 
     def _start_mlflow(self) -> None:
         """The stage's MLflow run, found again by its key when the run resumes, on this machine or another
@@ -158,6 +166,21 @@ class TemperCallback(TrainerCallback):
             with lineage.outage_named(f"the metrics of {self.cfg.mode} step {state.global_step}"):
                 mlflow.log_metrics({k.replace("/", "_") if k.startswith(("reward/", "pass_rate/", "none_rate/", "weight/"))
                                     else k: v for k, v in row.items() if k != "step"}, step=state.global_step)
+                self._log_trajectories(state.global_step)
+
+    def _log_trajectories(self, step: int) -> None:
+        """The first ``SAMPLED_TRAJECTORIES`` episodes per multi-step domain that the ranks of this machine
+        recorded since the last logging step (``<output_dir>/trajectories/rank<k>.jsonl``), each a readable
+        page under ``trajectories/step-<step>/`` of the run."""
+        # lazy: mlflow (1.6 s) would load in fast unit tests (test_domain_roles.py)
+        import mlflow
+
+        lines = []
+        for path in sorted((self.out / "trajectories").glob("rank*.jsonl")):
+            new, self._trajectories_read[path] = trajectories.read_new(path, self._trajectories_read.get(path, 0))
+            lines += new
+        for i, t in enumerate(trajectories.first_per_domain(lines, SAMPLED_TRAJECTORIES)):
+            mlflow.log_text(trajectories.markdown(t), f"trajectories/step-{step:05d}/{trajectories.artifact_name(t, i)}")
 
     def on_save(self, args, state, control, **kw):
         dist = _dist()

@@ -43,7 +43,7 @@ import torch
 
 from infra.sandbox import SandboxPool
 from temper.agent import trajectories
-from temper.agent.environment import FAILURE_OUTCOMES, EpisodeEnvironment
+from temper.agent.environment import ENDINGS, FAILURE_OUTCOMES, EpisodeEnvironment, observation_block
 from temper.data.domain import Domain
 from temper.training.engine_rollouts import PolicyEngine
 from temper.verifiers.registry import get_verifier
@@ -156,7 +156,7 @@ class MultiTurnRollout:
                                                   add_generation_prompt=True)
             text = after[len(before):] if after.startswith(before) else f"\n{observation}\n"
         else:
-            text = f"\nObservation:\n{observation}\nNext action:\n"
+            text = observation_block(observation)
         return list(tokenizer(text, add_special_tokens=False)["input_ids"])
 
     # -- the rollout ------------------------------------------------------------------------------------
@@ -341,24 +341,26 @@ class MultiTurnRollout:
     # -- metrics ------------------------------------------------------------------------------------------
     def _log(self, trainer, episodes: list[dict[str, Any]]) -> None:
         """Per-domain episode statistics summed over ranks (one fixed-size gather per rollout, same on
-        every rank) into TRL's metrics: turns per episode, done/failed/timeout shares, reward, wall time."""
+        every rank) into TRL's metrics: turns per episode, done/failed shares, timeouts, reward, wall time, and
+        the count of each ending (``episodes/<domain>/ended/<outcome>``)."""
         if not self.names:  # a single-turn run through the engine: no episode statistics (same on every rank)
             return
-        stats = torch.zeros(len(self.names), len(STAT_FIELDS), dtype=torch.float64)
+        stats = torch.zeros(len(self.names), len(STAT_FIELDS) + len(ENDINGS), dtype=torch.float64)
         for ep in episodes:
             if ep["domain"] is None:
                 continue
             row = stats[self.names.index(ep["domain"])]
             row += torch.tensor([1, ep["turns"], ep["outcome"] == "done", ep["reward"],
                                  ep["outcome"] in FAILURE_OUTCOMES,
-                                 ep["outcome"] in ("timeout", "budget"), ep["wall_s"]], dtype=torch.float64)
+                                 ep["outcome"] in ("timeout", "budget"), ep["wall_s"]]
+                                + [ep["outcome"] == e for e in ENDINGS], dtype=torch.float64)
         total = trainer.accelerator.reduce(stats.to(trainer.accelerator.device), reduction="sum").cpu()
         mode = "train" if trainer.model.training else "eval"
         for i, name in enumerate(self.names):
             n = float(total[i, 0])
             if n == 0:
                 continue
-            values = dict(zip(STAT_FIELDS, total[i].tolist()))
+            values = dict(zip(STAT_FIELDS + tuple(f"n_{e}" for e in ENDINGS), total[i].tolist()))
             metrics = trainer._metrics[mode]
             metrics[f"episodes/{name}/turns_per_episode"].append(values["turns"] / n)
             metrics[f"episodes/{name}/done_rate"].append(values["done"] / n)
@@ -366,3 +368,5 @@ class MultiTurnRollout:
             metrics[f"episodes/{name}/timeouts"].append(values["timeout"])
             metrics[f"episodes/{name}/reward"].append(values["reward"] / n)
             metrics[f"episodes/{name}/wall_s"].append(values["wall_s"] / n)
+            for ending in ENDINGS:  # how many episodes ended each way (no_action, timeout = hung, sandbox_error ...)
+                metrics[f"episodes/{name}/ended/{ending}"].append(values[f"n_{ending}"])

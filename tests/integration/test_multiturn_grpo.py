@@ -123,6 +123,11 @@ def test_a_short_single_process_run_logs_per_domain_episode_metrics(tiny_model, 
     assert all(h["episodes/ledger_tasks/turns_per_episode"] >= 1 for h in logged)
     assert {"episodes/ledger_tasks/done_rate", "episodes/ledger_tasks/failure_rate",
             "episodes/ledger_tasks/reward", "episodes/ledger_tasks/wall_s"} <= set(logged[0])
+    from temper.agent.environment import ENDINGS
+
+    # every episode of a step is counted under exactly one ending (2 per step here, all "done")
+    assert [sum(h[f"episodes/ledger_tasks/ended/{e}"] for e in ENDINGS) for h in logged] == [2, 2]
+    assert [h["episodes/ledger_tasks/ended/done"] for h in logged] == [2, 2]
     # every episode was recorded as a trajectory, and a recorded one replays equal
     from temper.agent import trajectories
 

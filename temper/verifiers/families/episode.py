@@ -2,8 +2,9 @@
 
 A multi-step domain names its environment (``env: files | ledger``) and its episode limits in its
 verifier params. In GRPO each sample is a whole episode (``temper.training.multiturn``) and the
-environment itself scores the end state (``EpisodeEnvironment.get_reward``). This family is the
-same check for a single completion (eval, a one-shot plan, an SFT reference): every action tag of
+environment itself scores the end state (``EpisodeEnvironment.get_reward``), and eval plays episodes
+the same way (``temper.agent.greedy_episodes``). This family is the same check for a single
+completion (a one-shot plan, an SFT reference, a caller that has only text): every action tag of
 the completion is played as one turn of a fresh episode, which is then scored like any other, so a
 completion that never says ``<done/>``, or reaches a wrong state, scores 0.
 """
