@@ -124,6 +124,9 @@ class Engine:
             for req in self.scheduler.promote():
                 self._begin(req)
             if self.mixed:
+                for lane in self.scheduler.lanes:
+                    for req in [r for r in lane.running if r.cancelled]:
+                        self._finish(req, error="cancelled")
                 plan = self.scheduler.plan_forward(self.config.forward_token_budget, self._cached_prefix)
         if self.mixed:
             units = self._run_mixed(plan)
