@@ -77,12 +77,22 @@ def _log_eval(run_id: str, result: dict[str, Any]) -> None:
         mlflow.log_params({"model": result["model"], "dataset_uri": result["dataset_uri"], "n": result["n"]})
         mlflow.log_metrics({"mean_reward": result["mean_reward"], "pass_rate": result["pass_rate"],
                             "scored": result["scored"], "wall_s": result["wall_s"],
-                            "too_long": result.get("too_long", 0)})
+                            "too_long": result.get("too_long", 0)} | prompt_reuse(result))
         tokens = result.get("context_lengths") or None
         log_eval_samples(result["domain"], list(zip(result["ids"], result["rewards"])), tokens)
         mlflow.log_dict({"samples": result.get("samples", [])}, f"eval/{result['domain']}-examples.json")
         if tokens:
             record_effective_context(result["domain"], list(zip(tokens, result["rewards"])))
+
+
+def prompt_reuse(result: dict[str, Any]) -> dict[str, float]:
+    """The eval's prompt tokens served from the rollout server's prefix cache (records sharing a document or
+    a long instruction) as metrics; none for the local generator, which reports no prompt tokens."""
+    total = result.get("prompt_tokens") or 0
+    if not total:
+        return {}
+    cached = result.get("cached_prompt_tokens") or 0
+    return {"prompt_tokens": total, "cached_prompt_tokens": cached, "prompt_hit_rate": cached / total}
 
 
 def record_effective_context(domain: str, curve: list[tuple[int, float | None]]) -> None:
