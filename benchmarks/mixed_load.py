@@ -216,7 +216,7 @@ def main() -> int:
     ap.add_argument("--quick", action="store_true", help="2 repeats, 1 baseline repeat, fewer requests (development)")
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--baseline-repeats", type=int, default=2, help="repeats of the two baselines (0 = skip them)")
-    ap.add_argument("--shorts", type=int, default=60, help="short requests per open-loop window")
+    ap.add_argument("--shorts", type=int, default=200, help="short requests per open-loop window")
     ap.add_argument("--short-tokens", type=int, default=16)
     ap.add_argument("--long-len", type=int, default=2048, help="long prompt tokens")
     ap.add_argument("--long-streams", type=int, default=2)

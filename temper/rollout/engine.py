@@ -4,7 +4,14 @@ A request's life: admission (lane, 413/429) -> queued -> prefill (prefix-cache h
 the prompt in chunks of the lane's token budget, one chunk per scheduler step, interleaved with the
 decode steps of other requests) -> decode (the ``n`` samples of the request decode as one batch of
 rows sharing the prompt's KV: a GRPO group costs one prefill and ``max_tokens`` batched forwards) ->
-done. The prompt's KV, and each finished sample's prompt+completion KV, go into the prefix cache,
+done.
+
+A scheduler step is, by default (``mixed_batches``), ONE forward over every running request:
+their decode rows and prefill chunks laid end to end (``mixed.py``), planned by
+``Scheduler.plan_forward`` (decode first, then prefill chunks under ``forward_token_budget``). The
+fast profile, models ``mixed.py`` does not support, and ``mixed_batches: false`` run one forward per
+request, lanes taking turns by ``time_share``. ``prompt_reuse()`` counts the prompt tokens no
+prefill computed (prefix-cache hits, a group's shared rows), logged by GRPO and eval. The prompt's KV, and each finished sample's prompt+completion KV, go into the prefix cache,
 so the next request sharing a system prompt / document / group prompt / episode history skips it.
 
 Threading: ``submit`` may be called from any thread; every forward runs on the engine's own thread

@@ -24,6 +24,7 @@ rotary embeddings, an MLP) with full attention: Llama, Mistral and Qwen2 familie
 from __future__ import annotations
 
 from dataclasses import dataclass
+from importlib import import_module
 from typing import Any
 
 import torch
@@ -49,8 +50,7 @@ class Segment:
 
 
 def _rotary(model):
-    from importlib import import_module
-
+    """The model family's own ``apply_rotary_pos_emb`` (from its modeling module)."""
     return import_module(type(model).__module__).apply_rotary_pos_emb
 
 
