@@ -75,6 +75,7 @@ class Engine:
         self.mixed = config.mixed_batches and isinstance(self.decoder, StandardDecoder) and supports(self.model)
         self.step_log: deque[StepEvent] = deque(maxlen=config.step_log_size)
         self.steps = 0
+        self.busy_s = 0.0  # seconds spent in forwards (benchmarks: the engine's busy share of a window)
         # prompt_tokens: prompt tokens of every sample (a group of n counts n prompts); reused: those no
         # prefill forward computed (prefix-cache hits, and the n - 1 copies a group shares); see prompt_reuse()
         self.counters = {"prefill_tokens": 0, "decode_tokens": 0, "requests": 0, "errors": 0, "forwards": 0,
@@ -136,7 +137,9 @@ class Engine:
                         self._finish(req, error="cancelled")
                 plan = self.scheduler.plan_forward(self.config.forward_token_budget, self._cached_prefix)
         if self.mixed:
+            t0 = time.perf_counter()
             units = self._run_mixed(plan)
+            self.busy_s += time.perf_counter() - t0
             self.steps += 1
             return units
         with self._lock:
@@ -148,6 +151,7 @@ class Engine:
             units += self._run_lane(lane, reqs)
             with self._lock:
                 self.scheduler.charge(lane, time.perf_counter() - t0)
+            self.busy_s += time.perf_counter() - t0
         self.steps += 1
         return units
 
