@@ -21,7 +21,7 @@ The baselines run ``--baseline-repeats`` times (default 2) to keep the whole run
 
 Reading the table: "busy, short only" is the share of the short-only window the engine spent in
 forwards. On a CPU a prefill chunk costs about as much inside a mixed forward as alone (prefill is
-compute-bound; measured on this model, 1 thread: 8 decode rows 3.8 ms, a 64-token chunk at 1k
+compute-bound; measured on this model, 1 thread, min of 15 at load ~6: 8 requests' decode rows 3.8 ms, a 64-token chunk at 1k
 context 4.9 ms, both in one forward 8.7 ms), so sharing a forward saves only its fixed overhead
 (~0.9 ms). Then every long token in a short request's forward lengthens it (short ratio up), and the
 long stream can get little more than the 1 - busy share the shorts leave (long ratio down): with
