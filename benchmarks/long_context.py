@@ -13,8 +13,8 @@ Sections (every ratio is against a baseline measured in the same run, on the sam
    subprocess (benchmarks/rollout.py's probe), against the K/V the prompt must hold anyway. Goal (issue
    18): growth(8k) <= 1.2 x growth(1k) + K/V(8k); the overhead beyond the K/V is printed too.
 
-Not here: short-request latency under long load (issue 18, item 3: open-loop arrivals, 5 repeats);
-benchmarks/rollout.py section 3 has the closed-loop version.
+Not here: short-request latency under long load (issue 18, item 3: open-loop arrivals, 5 repeats) is
+benchmarks/mixed_load.py; benchmarks/rollout.py section 3 has the older closed-loop version.
 
 Run: .venv/bin/python benchmarks/long_context.py [--quick]
 """

@@ -65,6 +65,10 @@ class EvalResult:
     turns: list[int] = field(default_factory=list)
     outcomes: list[str] = field(default_factory=list)
     trajectories: list[dict[str, Any]] = field(default_factory=list)
+    # through the rollout backend: prompt tokens of the requests and those served from the server's prefix
+    # cache (usage.prompt_tokens_details.cached_tokens); records that share a document reuse its KV
+    prompt_tokens: int = 0
+    cached_prompt_tokens: int = 0
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -140,6 +144,8 @@ class RolloutGenerator:
     def __call__(self, prompts: list[str], max_new_tokens: int) -> list[str]:
         groups = self.client.generate(prompts, max_new_tokens, 0.0, skip_too_long=True)
         self.too_long = sum(not g for g in groups)  # refused as longer than the served context: scored as ""
+        self.prompt_tokens = sum(g[0].prompt_tokens for g in groups if g)
+        self.cached_prompt_tokens = sum(g[0].cached_tokens for g in groups if g)
         return [g[0].text if g else "" for g in groups]
 
     def close(self) -> None:
@@ -250,6 +256,8 @@ def _evaluate(produce, model_dir: str, domain, limit: int, max_new_tokens: int, 
         samples=[{"id": r["id"], "prompt": p[-200:], "completion": c, "reward": w}
                  for r, p, c, w in list(zip(records, prompts, completions, rewards))[:keep_samples]],
         too_long=too_long,
+        prompt_tokens=getattr(produce, "prompt_tokens", 0) if records else 0,
+        cached_prompt_tokens=getattr(produce, "cached_prompt_tokens", 0) if records else 0,
         context_lengths=[int(r["target_tokens"]) for r in records] if "target_tokens" in frame.columns else [],
         turns=[len(e["turns"]) for e in episodes], outcomes=[e["outcome"] for e in episodes], trajectories=episodes,
     )

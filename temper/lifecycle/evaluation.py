@@ -58,9 +58,6 @@ def record_eval(result: dict[str, Any], label: str, parent_run_id: str, experime
 
     Found by its key: an earlier attempt's FINISHED run of the same eval is returned as it is, a
     half-written one is replaced, so a lifecycle run has one eval run per (model, domain)."""
-    # lazy: mlflow (1.6 s) would load whenever flows.evaluate is imported
-    import mlflow
-
     lineage.configure(wait=True)
     with lineage.outage_named(f"the record of the {label} eval of {result['domain']}"):
         run_id, existed = lineage.open_keyed_run(
@@ -82,7 +79,7 @@ def _log_eval(run_id: str, result: dict[str, Any]) -> None:
         mlflow.log_params({"model": result["model"], "dataset_uri": result["dataset_uri"], "n": result["n"]})
         mlflow.log_metrics({"mean_reward": result["mean_reward"], "pass_rate": result["pass_rate"],
                             "scored": result["scored"], "wall_s": result["wall_s"],
-                            "too_long": result.get("too_long", 0)})
+                            "too_long": result.get("too_long", 0)} | prompt_reuse(result))
         tokens = result.get("context_lengths") or None
         episodes = [{"turns": n, "outcome": o} for n, o in zip(result.get("turns", []), result.get("outcomes", []))]
         log_eval_samples(result["domain"], list(zip(result["ids"], result["rewards"])), tokens, episodes or None)
@@ -111,6 +108,16 @@ def record_episodes(domain: str, lines: list[dict[str, Any]]) -> None:
     mlflow.log_text("".join(json.dumps(t, default=str) + "\n" for t in lines), f"eval/{domain}-trajectories.jsonl")
     for i, t in enumerate(lines[:SAMPLED_TRAJECTORIES]):
         mlflow.log_text(trajectories.markdown(t), f"trajectories/{domain}/{trajectories.artifact_name(t, i)}")
+
+
+def prompt_reuse(result: dict[str, Any]) -> dict[str, float]:
+    """The eval's prompt tokens served from the rollout server's prefix cache (records sharing a document or
+    a long instruction) as metrics; none for the local generator, which reports no prompt tokens."""
+    total = result.get("prompt_tokens") or 0
+    if not total:
+        return {}
+    cached = result.get("cached_prompt_tokens") or 0
+    return {"prompt_tokens": total, "cached_prompt_tokens": cached, "prompt_hit_rate": cached / total}
 
 
 def record_effective_context(domain: str, curve: list[tuple[int, float | None]]) -> None:

@@ -31,8 +31,10 @@ class LaneConfig(BaseModel):
         description="Prompt tokens this lane prefills per scheduler step (chunked prefill budget).")
     time_share: float = Field(
         default=1.0, gt=0, le=1,
-        description="Largest fraction of the engine's compute time this lane may take while another lane "
-                    "also has work; 1.0 = unlimited (the latency-critical lane).")
+        description="Per-request forwards only (mixed_batches off, the fast profile, unsupported models): the "
+                    "largest fraction of the engine's compute time this lane may take while another lane also "
+                    "has work; 1.0 = unlimited (the latency-critical lane). Mixed batches bound a lane by "
+                    "prefill_chunk_tokens per forward instead.")
 
 
 def default_lanes() -> list[LaneConfig]:
@@ -90,6 +92,15 @@ class EngineConfig(BaseModel):
     torch_threads: int | None = Field(
         default=None, description="Set torch's intra-op threads (process-wide!) when the engine starts; None = leave.")
     dtype: Literal["float32", "bfloat16"] = "float32"
+    mixed_batches: bool = Field(
+        default=True,
+        description="One forward per scheduler step over every running request (decode rows first, then prefill "
+                    "chunks up to forward_token_budget); False: one forward per request and lane time shares. "
+                    "Only the standard profile on Llama/Mistral/Qwen2-style models mixes (temper/rollout/mixed.py).")
+    forward_token_budget: int = Field(
+        default=256, ge=1,
+        description="Mixed batches: most new tokens in one forward. Decode rows always run (never wait); "
+                    "prefill chunks fill what is left, lane by lane, each lane at most its prefill_chunk_tokens.")
     step_log_size: int = Field(default=10_000, ge=0, description="Scheduler steps kept in the in-memory step log.")
 
     @model_validator(mode="after")

@@ -4,7 +4,14 @@ A request's life: admission (lane, 413/429) -> queued -> prefill (prefix-cache h
 the prompt in chunks of the lane's token budget, one chunk per scheduler step, interleaved with the
 decode steps of other requests) -> decode (the ``n`` samples of the request decode as one batch of
 rows sharing the prompt's KV: a GRPO group costs one prefill and ``max_tokens`` batched forwards) ->
-done. The prompt's KV, and each finished sample's prompt+completion KV, go into the prefix cache,
+done.
+
+A scheduler step is, by default (``mixed_batches``), ONE forward over every running request:
+their decode rows and prefill chunks laid end to end (``mixed.py``), planned by
+``Scheduler.plan_forward`` (decode first, then prefill chunks under ``forward_token_budget``). The
+fast profile, models ``mixed.py`` does not support, and ``mixed_batches: false`` run one forward per
+request, lanes taking turns by ``time_share``. ``prompt_reuse()`` counts the prompt tokens no
+prefill computed (prefix-cache hits, a group's shared rows), logged by GRPO and eval. The prompt's KV, and each finished sample's prompt+completion KV, go into the prefix cache,
 so the next request sharing a system prompt / document / group prompt / episode history skips it.
 
 Threading: ``submit`` may be called from any thread; every forward runs on the engine's own thread
@@ -28,6 +35,7 @@ from temper.rollout.decoding import SampleText, SamplingParams, StopChecker, nex
 from temper.rollout.errors import EngineClosed
 from temper.rollout.fast import SpeculativeDecoder
 from temper.rollout.kv_cache import PrefixKVCache, cache_from, kv_of
+from temper.rollout.mixed import Segment, mixed_forward, supports
 from temper.rollout.requests import (  # noqa: F401 (re-exported: the engine's public types)
     Delta,
     EngineRequest,
@@ -63,9 +71,15 @@ class Engine:
             self.decoder = SpeculativeDecoder(self, config.speculative, draft)
         else:
             self.decoder = StandardDecoder(self)
+        # one forward per step over all running requests (see scheduler.py and mixed.py)
+        self.mixed = config.mixed_batches and isinstance(self.decoder, StandardDecoder) and supports(self.model)
         self.step_log: deque[StepEvent] = deque(maxlen=config.step_log_size)
         self.steps = 0
-        self.counters = {"prefill_tokens": 0, "decode_tokens": 0, "requests": 0, "errors": 0}
+        self.busy_s = 0.0  # seconds spent in forwards (benchmarks: the engine's busy share of a window)
+        # prompt_tokens: prompt tokens of every sample (a group of n counts n prompts); reused: those no
+        # prefill forward computed (prefix-cache hits, and the n - 1 copies a group shares); see prompt_reuse()
+        self.counters = {"prefill_tokens": 0, "decode_tokens": 0, "requests": 0, "errors": 0, "forwards": 0,
+                         "prompt_tokens": 0, "prefix_hit_tokens": 0, "group_shared_tokens": 0}
         self._ids = itertools.count()
         self._lock = threading.RLock()
         self._wake = threading.Condition(self._lock)
@@ -117,6 +131,18 @@ class Engine:
         with self._lock:
             for req in self.scheduler.promote():
                 self._begin(req)
+            if self.mixed:
+                for lane in self.scheduler.lanes:
+                    for req in [r for r in lane.running if r.cancelled]:
+                        self._finish(req, error="cancelled")
+                plan = self.scheduler.plan_forward(self.config.forward_token_budget, self._cached_prefix)
+        if self.mixed:
+            t0 = time.perf_counter()
+            units = self._run_mixed(plan)
+            self.busy_s += time.perf_counter() - t0
+            self.steps += 1
+            return units
+        with self._lock:
             lanes = self.scheduler.lanes_to_run()
             work = [(lane, list(lane.running)) for lane in lanes]
         units = 0
@@ -125,6 +151,7 @@ class Engine:
             units += self._run_lane(lane, reqs)
             with self._lock:
                 self.scheduler.charge(lane, time.perf_counter() - t0)
+            self.busy_s += time.perf_counter() - t0
         self.steps += 1
         return units
 
@@ -206,6 +233,81 @@ class Engine:
         if req.state == "decode":
             self.decoder.begin(req, None)
 
+    def _cached_prefix(self, tokens: list[int]) -> int:
+        return self.prefix_cache.peek(tokens) if self.prefix_cache is not None else len(tokens)
+
+    def _start_prefill(self, req: EngineRequest) -> None:
+        """At the request's first prefill chunk (not at admission: a request ahead of it may be about to
+        cache the prefix they share): the longest cached prefix of its prompt, and the reuse counters."""
+        hit = self.prefix_cache.match(req.prompt, max_length=len(req.prompt) - 1) if self.prefix_cache else None
+        req.cache = cache_from(hit.kv if hit else None, self.model.config,
+                               reserve=len(req.prompt) + min(req.params.max_tokens, 512))
+        req.prefilled = req.cached_tokens = hit.length if hit else 0
+        n = req.params.n
+        self.counters["prompt_tokens"] += len(req.prompt) * n
+        self.counters["prefix_hit_tokens"] += req.cached_tokens
+        self.counters["group_shared_tokens"] += len(req.prompt) * (n - 1)
+
+    def _run_mixed(self, plan: list[tuple[EngineRequest, str, int]]) -> int:
+        """One forward over the plan's decode rows and prefill chunks (``mixed.py``), then each request's
+        tokens. A failing forward fails every request in it: their caches may hold a partial update."""
+        items, segments = [], []
+        for req, kind, n in plan:
+            if req.cancelled:
+                with self._lock:
+                    self._finish(req, error="cancelled")
+                continue
+            if kind == "decode":
+                segments.append(Segment(req.cache, [[req.samples[i].token_ids[-1]] for i in req.active],
+                                        req.cache.get_seq_length()))
+            else:
+                if req.cache is None:
+                    self._start_prefill(req)
+                lo = req.prefilled
+                n = min(n, len(req.prompt) - lo)
+                segments.append(Segment(req.cache, [req.prompt[lo:lo + n]], lo, want_logits=lo + n == len(req.prompt)))
+            items.append((req, kind, n))
+        if not items:
+            return 0
+        try:
+            logits = mixed_forward(self.model, segments)
+        except Exception as e:
+            log.exception("mixed forward over %d request(s) failed", len(items))
+            self.counters["errors"] += len(items)
+            with self._lock:
+                for req, _, _ in items:
+                    self._finish(req, error=f"{type(e).__name__}: {e}")
+            return 0
+        self.counters["forwards"] += 1
+        for (req, kind, n), lg in zip(items, logits):
+            try:
+                if kind == "decode":
+                    self._log(req, "decode", n)
+                    self.decoder.advance(req, lg)
+                else:
+                    req.prefilled += n
+                    self.counters["prefill_tokens"] += n
+                    self._log(req, "prefill", n, f"{req.prefilled}/{len(req.prompt)}")
+                    if req.prefilled == len(req.prompt):
+                        self._prefilled(req, lg)
+            except Exception as e:
+                log.exception("request %s failed", req.id)
+                self.counters["errors"] += 1
+                with self._lock:
+                    self._finish(req, error=f"{type(e).__name__}: {e}")
+                continue
+            if req.state == "decode" and not req.active:
+                with self._lock:
+                    self._finish(req)
+        return len(items)
+
+    def _prefilled(self, req: EngineRequest, logits: torch.Tensor) -> None:
+        """The prompt's KV is complete: keep it in the prefix cache, start decoding from its last logits."""
+        if self.prefix_cache is not None:
+            self.prefix_cache.insert(req.prompt, kv_of(req.cache, 0))
+        req.state = "decode"
+        self.decoder.begin(req, logits)
+
     def _run_lane(self, lane: Lane, reqs: list[EngineRequest]) -> int:
         budget = lane.config.prefill_chunk_tokens
         units = 0
@@ -236,10 +338,7 @@ class Engine:
     @torch.no_grad()
     def _prefill_chunk(self, req: EngineRequest, budget: int) -> int:
         if req.cache is None:
-            hit = self.prefix_cache.match(req.prompt, max_length=len(req.prompt) - 1) if self.prefix_cache else None
-            req.cache = cache_from(hit.kv if hit else None, self.model.config,
-                                   reserve=len(req.prompt) + min(req.params.max_tokens, 512))
-            req.prefilled = req.cached_tokens = hit.length if hit else 0
+            self._start_prefill(req)
         n = min(budget, len(req.prompt) - req.prefilled)
         lo = req.prefilled
         out = self.model(input_ids=torch.tensor([req.prompt[lo:lo + n]]), cache=req.cache,
@@ -248,10 +347,7 @@ class Engine:
         self.counters["prefill_tokens"] += n
         self._log(req, "prefill", n, f"{req.prefilled}/{len(req.prompt)}")
         if req.prefilled == len(req.prompt):
-            if self.prefix_cache is not None:
-                self.prefix_cache.insert(req.prompt, kv_of(req.cache, 0))
-            req.state = "decode"
-            self.decoder.begin(req, out.logits[:, -1])
+            self._prefilled(req, out.logits[:, -1])
         return n
 
     def _finish(self, req: EngineRequest, error: str | None = None) -> None:
@@ -301,10 +397,26 @@ class Engine:
         if len(tokens) > len(req.prompt):
             self.prefix_cache.insert(tokens, kv)
 
+    def prompt_reuse(self) -> dict[str, float]:
+        """Prompt tokens reused instead of prefilled, over every sample of every request so far.
+
+        ``prompt_tokens`` counts each sample's prompt (a GRPO group of G counts G prompts: G - 1 of them
+        are shared rows of one prefill); ``reused_tokens`` = prefix-cache hits + those shared copies;
+        ``hit_rate`` = reused / prompt tokens. A fresh group's rate is (G - 1) / G; a second request
+        reading the same document reuses the document's tokens from the prefix cache. Standard profile
+        only (the fast profile re-encodes, see fast.py): zeros there.
+        """
+        c = self.counters
+        reused = c["prefix_hit_tokens"] + c["group_shared_tokens"]
+        return {"prompt_tokens": c["prompt_tokens"], "prefix_hit_tokens": c["prefix_hit_tokens"],
+                "group_shared_tokens": c["group_shared_tokens"], "reused_tokens": reused,
+                "hit_rate": reused / c["prompt_tokens"] if c["prompt_tokens"] else 0.0}
+
     def stats(self) -> dict[str, Any]:
         with self._lock:
             return {"steps": self.steps, **self.counters, "lanes": self.scheduler.depth(),
                     "prefix_cache": self.prefix_cache.stats() if self.prefix_cache else None,
+                    "prompt_reuse": self.prompt_reuse(), "mixed_batches": self.mixed,
                     "profile": self.config.profile}
 
 
@@ -332,7 +444,11 @@ class StandardDecoder:
         pos = torch.full((rows, 1), req.cache.get_seq_length())
         out = e.model(input_ids=last, cache=req.cache, position_ids=pos, use_cache=True)
         e._log(req, "decode", rows)
-        self._advance(req, *next_tokens(out.logits[:, -1], req.params, req.generator))
+        self.advance(req, out.logits[:, -1])
+
+    def advance(self, req: EngineRequest, logits: torch.Tensor) -> None:
+        """Sample each active row's next token from ``logits`` [rows, vocab] (a decode forward's output)."""
+        self._advance(req, *next_tokens(logits, req.params, req.generator))
 
     def _advance(self, req: EngineRequest, tokens: list[int], logprobs: list[float] | None) -> None:
         keep = []

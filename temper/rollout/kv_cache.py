@@ -98,6 +98,21 @@ class PrefixKVCache:
                    torch.cat([n.kv[i][1][:, :, :k] for n, k in segments], dim=-2)) for i in range(layers)]
             return PrefixMatch(pos, kv)
 
+    def peek(self, tokens: list[int]) -> int:
+        """Length of the longest cached prefix of ``tokens``: no copy, no LRU touch, not counted as a lookup."""
+        with self._lock:
+            node, pos = self._root, 0
+            while pos < len(tokens):
+                child = node.children.get(tokens[pos])
+                if child is None:
+                    break
+                k = _common_prefix(child.tokens, tokens, pos)
+                pos += k
+                if k < len(child.tokens):
+                    break
+                node = child
+            return pos
+
     # -- writing ---------------------------------------------------------------------------------
     def insert(self, tokens: list[int], kv: LayerKV) -> int:
         """Keep the K/V of ``tokens`` (``kv[i]`` covers at least ``len(tokens)`` positions, batch 1).

@@ -1,4 +1,16 @@
-"""Request lanes, admission control and which lane may run in a scheduler step. No model code here.
+"""Request lanes, admission control and what runs in a scheduler step. No model code here.
+
+Mixed batches (the default; ``plan_forward``): each step is ONE forward over every running request
+of every lane, under a per-forward token budget. Every decoding request contributes its rows first
+(one token each) and is never held back, so a short request waits at most one budgeted forward
+between its tokens. The budget left over goes to prefill chunks, lane by lane in lane order
+(shortest prompts first), FIFO within a lane, each lane at most its ``prefill_chunk_tokens`` per
+forward. A long prompt is thus prefilled a bounded chunk at a time inside the same forwards that
+decode the short requests, and progresses every forward the budget leaves room for, instead of
+getting only the forwards short requests leave idle.
+
+Per-request forwards (``mixed_batches: false``, the fast profile, models ``mixed.py`` does not
+support; ``lanes_to_run``), the older rule:
 
 A request goes to the first lane whose ``max_prompt_tokens`` it fits (413 when none does, or when
 prompt + max_tokens exceeds the context). Each lane has a bounded queue (429 when full) and a
@@ -14,6 +26,7 @@ fixed overhead, so a token budget alone would not bound the slowdown.
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -52,6 +65,17 @@ class StepEvent:
     kind: str  # "prefill" | "decode" | "finish"
     tokens: int = 0
     detail: str = ""
+
+
+WAIT_FOR_SHARED_TOKENS = 16
+
+
+def _common(a: list[int], b: list[int]) -> int:
+    n = min(len(a), len(b))
+    i = 0
+    while i < n and a[i] == b[i]:
+        i += 1
+    return i
 
 
 class Scheduler:
@@ -127,6 +151,49 @@ class Scheduler:
         if not chosen and busy:
             chosen = [min(busy, key=lambda lane: lane.used_s / lane.config.time_share)]
         return chosen
+
+    def plan_forward(self, budget: int,
+                     cached_prefix: Callable[[list[int]], int] = lambda tokens: 0) -> list[tuple[Any, str, int]]:
+        """The work of the next mixed forward: ``(request, "decode" | "prefill", new tokens)``.
+
+        Decode first: every running request in state ``decode`` with its ``len(active)`` rows, whatever
+        the budget. Then prefill: what is left of ``budget``, lane by lane, FIFO within a lane, each
+        lane at most its ``prefill_chunk_tokens``, each request at most its unprefilled prompt
+        (``len(prompt) - prefilled``). A request not yet started (``cache is None``) that shares with one
+        still prefilling ahead of it in its lane a prefix at least ``WAIT_FOR_SHARED_TOKENS`` longer than
+        ``cached_prefix(prompt)`` (what the prefix cache holds of it now) waits for that one to finish,
+        so the shared part (a document several eval records read) comes from the prefix cache instead
+        of being computed twice in the same forwards. Requests need ``state``, ``active``,
+        ``prompt``, ``prefilled``, ``cache``.
+        """
+        plan: list[tuple[Any, str, int]] = []
+        used = 0
+        for lane in self.lanes:
+            for req in lane.running:
+                if req.state == "decode" and req.active:
+                    plan.append((req, "decode", len(req.active)))
+                    used += len(req.active)
+        for lane in self.lanes:
+            quota = lane.config.prefill_chunk_tokens
+            ahead: list[Any] = []  # requests of this lane still prefilling, in FIFO order
+            for req in lane.running:
+                if req.state != "prefill":
+                    continue
+                if req.cache is None and ahead:
+                    shared = max(_common(a.prompt, req.prompt) for a in ahead)
+                    if shared >= WAIT_FOR_SHARED_TOKENS + cached_prefix(req.prompt):
+                        continue  # starts once the one ahead has cached what they share
+                ahead.append(req)
+                room = min(quota, budget - used)
+                if room <= 0:
+                    break
+                n = min(room, len(req.prompt) - req.prefilled)
+                if n <= 0:
+                    continue
+                plan.append((req, "prefill", n))
+                used += n
+                quota -= n
+        return plan
 
     def charge(self, lane: Lane, seconds: float) -> None:
         """Count compute time against ``lane``'s share; only time spent while lanes contend counts."""

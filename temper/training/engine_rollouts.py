@@ -104,6 +104,9 @@ class PolicyEngine:
                           prefill_chunk_tokens=512)
         self.engine = Engine(EngineConfig(model_dir=Path(getattr(config, "_name_or_path", "") or "."),
                                           lanes=[lane], prefix_cache=PrefixCacheConfig(budget_bytes=prefix_cache_bytes),
+                                          # no latency to protect here: a forward takes every group's decode rows
+                                          # and up to the lane's 512 prompt tokens
+                                          forward_token_budget=1 << 16,
                                           step_log_size=0),
                              model=model, tokenizer=tokenizer)
         self.model = model

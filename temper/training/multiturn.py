@@ -126,6 +126,7 @@ class MultiTurnRollout:
             raise ValueError("multi-turn rollout: no domain with verifier family 'episode'")
         self.use_engine, self.engine_sync = engine, engine_sync
         self.engine: PolicyEngine | None = None
+        self._reuse_seen: dict[str, float] | None = None
         self.verifiers = {n: get_verifier(d.verifier.family, d.verifier.params) for n, d in self.domains.items()}
         self.names = sorted(self.domains)
         self.turn_tokens = {n: int(d.verifier.params.get("turn_tokens", max_turn_tokens))
@@ -240,6 +241,8 @@ class MultiTurnRollout:
             if not ep["ids"]:  # an episode that never started: one pad token, masked out
                 ep["ids"], ep["mask"], ep["logprobs"] = [tokenizer.pad_token_id], [0], [0.0]
         self._log(trainer, episodes)
+        if self.use_engine:
+            self._log_reuse(trainer)
         self._record(trainer, episodes)
         self.last_episodes = [{k: ep[k] for k in ("domain", "outcome", "turns", "reward", "wall_s", "mask")}
                               | {"trajectory": ep["env"].trajectory} for ep in episodes]
@@ -339,6 +342,22 @@ class MultiTurnRollout:
                                f"rank{trainer.accelerator.process_index}.jsonl", lines)
 
     # -- metrics ------------------------------------------------------------------------------------------
+    def _log_reuse(self, trainer) -> None:
+        """The engine's prompt reuse in this rollout, summed over ranks (a collective: every rank with
+        generation 'engine' calls it once per rollout): prompt tokens of every sample, those reused
+        (prefix-cache hits + a group's shared rows, ``Engine.prompt_reuse``), and their ratio."""
+        now = self.engine.engine.prompt_reuse()
+        last = self._reuse_seen or {"prompt_tokens": 0, "reused_tokens": 0}
+        self._reuse_seen = now
+        part = torch.tensor([now["prompt_tokens"] - last["prompt_tokens"], now["reused_tokens"] - last["reused_tokens"]],
+                            dtype=torch.float64)
+        prompt, reused = trainer.accelerator.reduce(part.to(trainer.accelerator.device), reduction="sum").cpu().tolist()
+        metrics = trainer._metrics["train" if trainer.model.training else "eval"]
+        metrics["engine/prompt_tokens"].append(prompt)
+        metrics["engine/reused_prompt_tokens"].append(reused)
+        if prompt:
+            metrics["engine/prompt_hit_rate"].append(reused / prompt)
+
     def _log(self, trainer, episodes: list[dict[str, Any]]) -> None:
         """Per-domain episode statistics summed over ranks (one fixed-size gather per rollout, same on
         every rank) into TRL's metrics: turns per episode, done/failed shares, timeouts, reward, wall time, and

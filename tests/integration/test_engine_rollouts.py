@@ -84,11 +84,18 @@ def test_single_turn_engine_logprobs_equal_the_trainers_at_every_step(tiny_model
     assert [p["step"] for p in trainer.parity] == [0, 1, 2] and all(p["tokens"] > 0 for p in trainer.parity)
     engine = rollout.engine
     assert engine.engine.counters["requests"] == 3  # one request of n=4 per group: the prompt prefilled once
+    # the prompt reuse logged per step: a group of G=4 is one prefill read by 4 samples, (G - 1) / G
+    rates = [h["engine/prompt_hit_rate"] for h in trainer.state.log_history if "engine/prompt_hit_rate" in h]
+    assert len(rates) == 3
     if sync:
+        assert rates == [0.75] * 3  # the prefix cache is emptied at each sync: no reuse across steps
         assert max(gaps) < TOLERANCE, gaps
         assert engine.syncs == 3  # the initial copy + one after each optimizer step that a rollout followed
     else:  # the same run with a stale engine: parity holds before the first update and fails after it
         assert gaps[0] < TOLERANCE and min(gaps[1:]) > 100 * TOLERANCE, gaps
+        # the cache is kept: step 1's prompt shares the domain's template with step 0's, and step 2's prompt
+        # (step 0's again) comes from it whole but its last token
+        assert rates[0] == 0.75 and 0.75 < rates[1] < rates[2] < 1.0
         assert engine.syncs == 1
 
 

@@ -1,6 +1,7 @@
 """The embedded engine on a tiny random Llama: greedy tokens equal transformers' own greedy generate with
 and without the prefix cache, under eviction, for GRPO groups and across turns; lanes keep a long prefill
-from starving short requests (checked on the scheduler's step log, not on timings)."""
+from starving short requests (checked on the scheduler's step log, not on timings); a mixed forward equals
+the model's own forward per request."""
 
 import pytest
 import torch
@@ -156,3 +157,35 @@ def test_sampled_logprobs_are_under_the_tempered_distribution(base):
             logits = base.model(torch.tensor([prompt + s.token_ids])).logits[0, len(prompt) - 1:-1] / 0.5
         want = logits.log_softmax(-1).gather(-1, torch.tensor(s.token_ids)[:, None])[:, 0]
         assert torch.allclose(torch.tensor(s.logprobs), want, atol=1e-4)
+
+
+def test_a_mixed_forward_equals_the_models_own_forward_per_request(base):
+    """Two requests' prefill chunks in one forward, then a decode row of one beside the other's next chunk,
+    then a 3-row group beside a chunk that needs no logits: each request's logits equal ``model(...)`` on
+    its own full sequence."""
+    from temper.rollout.kv_cache import cache_from
+    from temper.rollout.mixed import Segment, mixed_forward
+
+    m = base.model
+    a, b = [5 + i % 50 for i in range(40)], [7 + i % 30 for i in range(25)]
+    with torch.no_grad():
+        ra, rb = m(torch.tensor([a])).logits[0], m(torch.tensor([b])).logits[0]
+    ca, cb = cache_from(None, m.config, 64), cache_from(None, m.config, 64)
+    out = mixed_forward(m, [Segment(ca, [a[:30]], 0), Segment(cb, [b[:10]], 0)])
+    assert torch.allclose(out[0][0], ra[29], atol=1e-5) and torch.allclose(out[1][0], rb[9], atol=1e-5)
+    out = mixed_forward(m, [Segment(ca, [[a[30]]], 30), Segment(cb, [b[10:25]], 10)])
+    assert torch.allclose(out[0][0], ra[30], atol=1e-5) and torch.allclose(out[1][0], rb[24], atol=1e-5)
+    ca.batch_repeat_interleave(3)
+    out = mixed_forward(m, [Segment(ca, [[a[31]]] * 3, 31), Segment(cb, [[3]], 25, want_logits=False)])
+    assert out[1] is None and torch.allclose(out[0], ra[31].expand(3, -1), atol=1e-5)
+
+
+def test_mixed_batches_and_per_request_forwards_give_the_same_tokens(base):
+    """All six prompts at once (decoded side by side in one forward per step) vs one forward per request."""
+    mixed = engine(base, prefix_cache=PrefixCacheConfig(enabled=False))
+    single = engine(base, prefix_cache=PrefixCacheConfig(enabled=False), mixed_batches=False)
+    assert mixed.mixed and not single.mixed
+    got = mixed.generate(PROMPTS, GREEDY)
+    assert [r.token_ids for r in got] == [r.token_ids for r in single.generate(PROMPTS, GREEDY)]
+    single_forwards = sum(ev.kind in ("prefill", "decode") for ev in single.step_log)  # one per request per step
+    assert mixed.counters["forwards"] * 2 < single_forwards, (mixed.counters["forwards"], single_forwards)
