@@ -44,9 +44,9 @@ from infra.k8s.launcher import FAIL_FAST_WAITING
 from infra.k8s.options import KubernetesOptions
 from infra.sandbox.api import Limits, Outcome, Profile, Result, SandboxError, safe_relpath
 from infra.sandbox.bwrap import BASE_ENV
+from infra.sandbox.process import classify
 
 log = logging.getLogger(__name__)
-from infra.sandbox.process import classify
 
 EXECUTOR_SOURCE = Path(sandbox_exec.__file__).read_text()
 EXEC_ERRORS = (ApiException, KubernetesError)  # what ClusterApi.exec raises when the exec itself fails
