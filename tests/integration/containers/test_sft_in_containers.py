@@ -109,9 +109,10 @@ def test_sft_ranks_as_containers_rendezvous_over_the_bridge_and_resume_after_an_
     assert resumed and "checkpoint-" in resumed[0], "the retry Job did not resume from the checkpoint"
     assert retry0.spec.containers[0].image == workload_image
 
-    # four training pods (2 ranks x 2 attempts), each its own address on the bridge, none the node's or loopback
+    # the training pods (2 ranks x 2 attempts, and the evicted index's replacement the failing Job may have made
+    # first), each its own address on the bridge, none the node's or loopback
     train_pods = {n: ip for n, ip in addresses.seen.items() if n.startswith("sft-")}
-    assert len(train_pods) == 4 and len(set(train_pods.values())) == 4, train_pods
+    assert len(train_pods) >= 4 and len(set(train_pods.values())) == len(train_pods), train_pods
     node = ipaddress.ip_address(in_containers.node_ip)
     assert all(ipaddress.ip_address(ip) in ipaddress.ip_network(f"{node}/16", strict=False)
                and ipaddress.ip_address(ip) != node for ip in train_pods.values()), train_pods
