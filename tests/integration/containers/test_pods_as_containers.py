@@ -35,6 +35,13 @@ OPTS = KubernetesOptions(namespace=NS, priority_class=None, sandbox_priority_cla
 # container is: uid, whether / is writable, capabilities, no_new_privs, cgroup limits, and their own address.
 PROBE = r'''
 import json, os, socket, sys, time
+def resolve(name):  # a pod's name is in DNS once the pod has an address: the peer's may not be yet
+    for _ in range(200):
+        try:
+            return socket.gethostbyname(name)
+        except OSError:
+            time.sleep(0.1)
+    return socket.gethostbyname(name)
 def limit(path):
     try:
         return open(path).read().strip()
@@ -49,8 +56,8 @@ me = {"rank": os.environ["NODE_RANK"], "uid": os.getuid(), "root_writable": root
       "cap_eff": status["CapEff"].strip(), "no_new_privs": status["NoNewPrivs"].strip(),
       "mem_limit": limit("/sys/fs/cgroup/memory/memory.limit_in_bytes") or limit("/sys/fs/cgroup/memory.max"),
       "cpu_quota": limit("/sys/fs/cgroup/cpu/cpu.cfs_quota_us") or limit("/sys/fs/cgroup/cpu.max"),
-      "hostname": socket.gethostname(), "own_addr": socket.gethostbyname(socket.gethostname()),
-      "master": os.environ["MASTER_ADDR"], "master_addr": socket.gethostbyname(os.environ["MASTER_ADDR"])}
+      "hostname": socket.gethostname(), "own_addr": resolve(socket.gethostname()),
+      "master": os.environ["MASTER_ADDR"], "master_addr": resolve(os.environ["MASTER_ADDR"])}
 if me["rank"] == "0":
     server = socket.create_server(("", %(port)d))
     conn, peer = server.accept()
