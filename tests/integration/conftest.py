@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import signal
@@ -53,37 +54,53 @@ def stop_process(proc: subprocess.Popen, grace_s: float = 15) -> None:
             continue
 
 
-@pytest.fixture(scope="session")
-def mlflow_server(tmp_path_factory):
-    """`mlflow server` with a sqlite backend and proxied artifacts; yields its URI."""
-    root = tmp_path_factory.mktemp("mlflow")
+@contextlib.contextmanager
+def running_mlflow(root: Path, host: str = "127.0.0.1"):
+    """`mlflow server` with a sqlite backend and proxied artifacts, listening on ``host``; yields its URI."""
     port = free_port()
     log = root / "server.log"
     env = {**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}
     proc = subprocess.Popen(
-        [str(BIN / "mlflow"), "server", "--host", "127.0.0.1", "--port", str(port), "--workers", "1",
+        [str(BIN / "mlflow"), "server", "--host", host, "--port", str(port), "--workers", "1",
          "--backend-store-uri", f"sqlite:///{root / 'mlflow.db'}",
          "--artifacts-destination", str(root / "artifacts"), "--serve-artifacts"],
         stdout=log.open("w"), stderr=subprocess.STDOUT, env=env, start_new_session=True)
-    uri = f"http://127.0.0.1:{port}"
+    uri = f"http://{host}:{port}"
     _wait_http(uri + "/health", proc, 120, log)
-    yield uri
-    stop_process(proc)
+    try:
+        yield uri
+    finally:
+        stop_process(proc)
+
+
+@contextlib.contextmanager
+def running_moto(root: Path, host: str = "127.0.0.1"):
+    """moto's S3-compatible server listening on ``host``; yields its endpoint URL."""
+    port = free_port()
+    log = root / "server.log"
+    exe = shutil.which("moto_server", path=str(BIN)) or str(BIN / "moto_server")
+    proc = subprocess.Popen([exe, "-H", host, "-p", str(port)], stdout=log.open("w"),
+                            stderr=subprocess.STDOUT, start_new_session=True)
+    url = f"http://{host}:{port}"
+    _wait_http(url, proc, 60, log)
+    try:
+        yield url
+    finally:
+        stop_process(proc)
+
+
+@pytest.fixture(scope="session")
+def mlflow_server(tmp_path_factory):
+    """`mlflow server` with a sqlite backend and proxied artifacts; yields its URI."""
+    with running_mlflow(tmp_path_factory.mktemp("mlflow")) as uri:
+        yield uri
 
 
 @pytest.fixture(scope="session")
 def s3_server(tmp_path_factory):
     """moto's S3-compatible server; yields its endpoint URL."""
-    root = tmp_path_factory.mktemp("moto")
-    port = free_port()
-    log = root / "server.log"
-    exe = shutil.which("moto_server", path=str(BIN)) or str(BIN / "moto_server")
-    proc = subprocess.Popen([exe, "-H", "127.0.0.1", "-p", str(port)], stdout=log.open("w"),
-                            stderr=subprocess.STDOUT, start_new_session=True)
-    url = f"http://127.0.0.1:{port}"
-    _wait_http(url, proc, 60, log)
-    yield url
-    stop_process(proc)
+    with running_moto(tmp_path_factory.mktemp("moto")) as url:
+        yield url
 
 
 @pytest.fixture

@@ -59,18 +59,29 @@ def workload_image(repo: Path, venv: Path) -> Image:
 
 class StandinCluster:
     def __init__(self, root: Path, images: dict[str, Image], cpu: str = "4", memory: str = "16Gi",
-                 tick_s: float = 0.05) -> None:
+                 tick_s: float = 0.05, containers: bool = False) -> None:
+        """``containers``: the node runs pods as podman containers (``podman.PodmanRuntime``), each with its own
+        address; the API server then listens on the node's address (the bridge's gateway), where pods reach it."""
         self.root, self.tick_s = Path(root), tick_s
         self.root.mkdir(parents=True, exist_ok=True)
         self.store = Store()
         hosts = self.root / "hosts"
-        self.kubelet = Kubelet(self.store, NODE, self.root, images, hosts)
+        self.errors: list[str] = []
+        self.shared_dir = Path(tempfile.mkdtemp(prefix="k8s-standin-", dir="/var/tmp"))
+        self.runtime, self.node_ip = None, "127.0.0.1"
+        if containers:
+            from tests.k8s_standin.podman import PodmanRuntime
+
+            # every pod sees the shared dir at the same path (as under bwrap), whatever uid it runs as
+            self.shared_dir.chmod(0o1777)
+            self.runtime = PodmanRuntime(shared_binds={str(self.shared_dir): str(self.shared_dir)})
+            self.node_ip = self.runtime.start()
+        self.kubelet = Kubelet(self.store, NODE, self.root, images, hosts, runtime=self.runtime, node_ip=self.node_ip)
         self.server = ApiServer(self.store, self.kubelet)
         self.scheduler = Scheduler(self.store, self.server.bind)
         self.loops = [self.scheduler, KueueController(self.store), JobController(self.store), GarbageCollector(self.store),
-                      TtlController(self.store), Dns(self.store, hosts), self.kubelet]
-        self.errors: list[str] = []
-        self.shared_dir = Path(tempfile.mkdtemp(prefix="k8s-standin-", dir="/var/tmp"))
+                      TtlController(self.store),
+                      Dns(self.store, hosts, unassigned=None if containers else "127.0.0.1"), self.kubelet]
         self._bootstrap(cpu, memory)
         self.loop = asyncio.new_event_loop()
         self._ready = threading.Event()
@@ -78,7 +89,7 @@ class StandinCluster:
         self._thread.start()
         if not self._ready.wait(30):
             raise RuntimeError("the stand-in API server did not start")
-        self.host = f"http://127.0.0.1:{self.port}"
+        self.host = f"http://{self.node_ip}:{self.port}"
         self.kubeconfig = self.root / "kubeconfig"
         self.kubeconfig.write_text(yaml.safe_dump({
             "apiVersion": "v1", "kind": "Config", "current-context": "standin",
@@ -97,7 +108,7 @@ class StandinCluster:
             "spec": {}, "status": {"capacity": {"cpu": cpu, "memory": memory, "pods": "110", "ephemeral-storage": "100Gi"},
                                    "allocatable": {"cpu": cpu, "memory": memory, "pods": "110", "ephemeral-storage": "100Gi"},
                                    "conditions": [{"type": "Ready", "status": "True"}],
-                                   "addresses": [{"type": "InternalIP", "address": "127.0.0.1"}]}})
+                                   "addresses": [{"type": "InternalIP", "address": self.node_ip}]}})
 
     # --- the thread -----------------------------------------------------------------------------
     def _serve(self) -> None:
@@ -108,7 +119,7 @@ class StandinCluster:
                                max_line_size=1 << 20, max_field_size=1 << 20)
         self.loop.run_until_complete(runner.setup())
         sock = socket.socket()
-        sock.bind(("127.0.0.1", 0))
+        sock.bind((self.node_ip, 0))
         self.port = sock.getsockname()[1]
         self.loop.run_until_complete(web.SockSite(runner, sock).start())
         self._control = self.loop.create_task(self._control_loop())
@@ -202,4 +213,6 @@ class StandinCluster:
             self.loop.call_soon_threadsafe(self.loop.stop)
             self._thread.join(10)
             self.api_client.close()
+            if self.runtime is not None:
+                self.runtime.cleanup()
             shutil.rmtree(self.shared_dir, ignore_errors=True)

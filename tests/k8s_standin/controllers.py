@@ -159,19 +159,36 @@ class TtlController:
 
 
 class Dns:
-    def __init__(self, store: Store, hosts_file: Path) -> None:
-        self.store, self.hosts_file = store, hosts_file
+    """The cluster's DNS as one ``/etc/hosts`` every container mounts: Services, headless Services' pod names
+    (``<hostname>.<subdomain>...``) and pod hostnames, each to its pod's ``status.podIP``.
+
+    ``unassigned``: the address of a name whose pod has none yet; 127.0.0.1 when every pod shares this
+    machine's network (bwrap), None when pods have their own addresses (the name is left out until then).
+    A name held by a terminating pod and its replacement (an evicted rank's index) goes to the replacement.
+    """
+
+    def __init__(self, store: Store, hosts_file: Path, unassigned: str | None = "127.0.0.1") -> None:
+        self.store, self.hosts_file, self.unassigned = store, hosts_file, unassigned
         self.hosts_file.touch()
         self._last = ""
 
-    def names(self) -> list[str]:
-        out: list[str] = []
-        pods = [p for p in self.store.list("Pod") if not _terminal(p)]
+    def names(self) -> dict[str, str]:
+        out: dict[str, str] = {}
+        pods = sorted((p for p in self.store.list("Pod") if not _terminal(p)),
+                      key=lambda p: not p["metadata"].get("deletionTimestamp"))  # terminating first: overridden
+
+        def add(names: list[str], pod: dict | None) -> None:
+            ip = ((pod or {}).get("status") or {}).get("podIP") or self.unassigned
+            if ip:
+                out.update(dict.fromkeys(names, ip))
+
         for svc in self.store.list("Service"):
             ns, name, spec = svc["metadata"]["namespace"], svc["metadata"]["name"], svc.get("spec", {})
-            out += [f"{name}.{ns}.svc.{CLUSTER_DOMAIN}", f"{name}.{ns}.svc", f"{name}.{ns}", name]
+            svc_names = [f"{name}.{ns}.svc.{CLUSTER_DOMAIN}", f"{name}.{ns}.svc", f"{name}.{ns}", name]
             if spec.get("clusterIP") != "None" or not spec.get("selector"):
+                add(svc_names, None)
                 continue
+            members = []
             for pod in pods:
                 ready = any(c["type"] == "Ready" and c["status"] == "True" for c in pod.get("status", {}).get("conditions", []))
                 if (pod["metadata"]["namespace"] == ns and pod["spec"].get("subdomain") == name
@@ -179,13 +196,16 @@ class Dns:
                                                                     [(k, "=", {v}) for k, v in spec["selector"].items()])
                         and (ready or spec.get("publishNotReadyAddresses"))):
                     host = pod["spec"]["hostname"]
-                    out += [f"{host}.{name}.{ns}.svc.{CLUSTER_DOMAIN}", f"{host}.{name}.{ns}.svc", f"{host}.{name}"]
-        out += [p["spec"].get("hostname") or p["metadata"]["name"][:63] for p in pods]
-        return sorted(set(out))
+                    add([f"{host}.{name}.{ns}.svc.{CLUSTER_DOMAIN}", f"{host}.{name}.{ns}.svc", f"{host}.{name}"], pod)
+                    members.append(pod)
+            add(svc_names, members[-1] if members else None)  # a headless name: one of its pods' addresses
+        for pod in pods:
+            add([pod["spec"].get("hostname") or pod["metadata"]["name"][:63]], pod)
+        return out
 
     def sync(self) -> None:
         text = "127.0.0.1\tlocalhost\n::1\tlocalhost ip6-localhost ip6-loopback\n" + "".join(
-            f"127.0.0.1\t{n}\n" for n in self.names())
+            f"{ip}\t{n}\n" for n, ip in sorted(self.names().items()))
         if text != self._last:
             with self.hosts_file.open("r+") as f:  # in place: containers bind-mount this inode
                 f.write(text)

@@ -1,13 +1,9 @@
-"""The node agent: runs the pods bound to its node as local processes and reports on them.
+"""The node agent: runs the pods bound to its node (as bwrap processes or podman containers) and reports on them.
 
 What it does as the kubelet does:
 
 - for each pod bound to its node: resolves every container's environment in Kubernetes order
-  (``envFrom`` Secrets/ConfigMaps, then ``env`` with ``$(VAR)`` expansion over earlier values,
-  ``valueFrom`` ``fieldRef`` downward-API fields: ``metadata.name``, ``metadata.namespace``,
-  ``metadata.uid``, ``metadata.labels['k']``, ``metadata.annotations['k']``, ``spec.nodeName``,
-  ``spec.serviceAccountName``, ``status.podIP``, ``status.hostIP``; ``secretKeyRef`` and
-  ``configMapKeyRef``), expands ``$(VAR)`` in ``command``/``args``, and starts them;
+  (``podenv.py``), expands ``$(VAR)`` in ``command``/``args``, and starts them;
 - a missing Secret/ConfigMap leaves the container waiting with ``CreateContainerConfigError``
   (retried, as the kubelet retries); an image it does not know -> ``ErrImagePull``;
 - writes the pod status back: ``Pending`` + ``ContainerCreating`` -> ``Running`` (container
@@ -22,39 +18,44 @@ What it does as the kubelet does:
   namespace, so it ignores signals it has no handler for, as in a container); its
   final status is written, then the kubelet deletes it for good (grace 0), as a kubelet does.
 
-Containers: images are not pulled or unpacked. An ``Image`` names what the image would provide
-(environment such as PATH, a working dir, and directories it would contain, bound from this
-machine). Each container is a ``bwrap`` process tree with its own PID and UTS namespaces
-(hostname = the pod's ``hostname`` or name), a root made of this machine's directories, the
-pod's ``emptyDir``/``configMap``/``secret`` volumes bound at their mount paths, and an
-``/etc/hosts`` the stand-in keeps (``dns.py``): the pods' and headless Services' names resolve
-to 127.0.0.1, because every pod shares this machine's network namespace (like
-``hostNetwork: true``; creating per-pod network namespaces with addresses needs root + veth).
+Two container runtimes (``runtime``):
 
-Cut, and said where it matters: no cgroups, so resource limits are not enforced (no OOMKilled);
-``securityContext`` (runAsUser, read-only root, capabilities, seccomp) is not applied; ``emptyDir`` with
-``medium: Memory`` is a directory on disk; no probes, init containers or sidecars; volumes
-other than emptyDir/configMap/secret fail the pod with CreateContainerConfigError; a deleted pod's
-emptyDirs and logs stay on the node's disk (under the cluster's root, for tests to inspect) where a
-kubelet removes them.
+- bwrap processes (the default, ``make test``): images are not pulled or unpacked. An ``Image``
+  names what the image would provide (environment such as PATH, a working dir, and directories it
+  would contain, bound from this machine). Each container is a ``bwrap`` process tree with its own
+  PID and UTS namespaces (hostname = the pod's ``hostname`` or name), a root made of this machine's
+  directories, the pod's ``emptyDir``/``configMap``/``secret`` volumes bound at their mount paths,
+  and an ``/etc/hosts`` the stand-in keeps (``controllers.Dns``): every pod shares this machine's
+  network namespace (like ``hostNetwork: true``), so every name resolves to 127.0.0.1. Cut: no
+  cgroups, so resource limits are not enforced (no OOMKilled); ``securityContext`` (runAsUser,
+  read-only root, capabilities, seccomp) is not applied.
+- real containers (``podman.PodmanRuntime``, ``make test-containers``): each pod is a podman pod
+  with its own network namespace and address on the ``podman`` bridge (``status.podIP``), each
+  container a runc container of the image the pod names, with its securityContext and limits; the
+  same volumes and ``/etc/hosts``, now mapping names to pod addresses. See that module.
+
+Cut in both, and said where it matters: ``emptyDir`` with ``medium: Memory`` is a directory on
+disk (a tmpfs in containers); no probes, init containers or sidecars; volumes other than
+emptyDir/configMap/secret fail the pod with CreateContainerConfigError; a deleted pod's emptyDirs
+and logs stay on the node's disk (under the cluster's root, for tests to inspect) where a kubelet
+removes them.
 """
 
 from __future__ import annotations
 
 import asyncio
-import base64
 import os
-import re
 import shutil
 import signal
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from tests.k8s_standin import podenv
+from tests.k8s_standin.podenv import POD_IP, ConfigError, ImageError, expand, resolve_env
 from tests.k8s_standin.store import ApiError, Store, now
 
-POD_IP = "127.0.0.1"
-_VAR = re.compile(r"\$\$|\$\(([A-Za-z_][A-Za-z0-9_.-]*)\)")
+__all__ = ["POD_IP", "ConfigError", "Image", "ImageError", "Kubelet", "expand"]
 
 
 @dataclass
@@ -64,29 +65,6 @@ class Image:
     env: dict[str, str] = field(default_factory=dict)
     workdir: str = "/"
     binds: dict[str, str] = field(default_factory=dict)  # path in the container -> path on this machine
-
-
-def expand(value: str, env: dict[str, str]) -> str:
-    """Kubernetes ``$(VAR)`` expansion: known vars are replaced, unknown left as is, ``$$`` -> ``$``."""
-    return _VAR.sub(lambda m: "$" if m.group(0) == "$$" else env.get(m.group(1), m.group(0)), value)
-
-
-class ConfigError(Exception):
-    """CreateContainerConfigError: the container cannot be set up (yet)."""
-
-
-def _field(pod: dict, path: str) -> str:
-    meta, spec, status = pod["metadata"], pod["spec"], pod.get("status", {})
-    m = re.fullmatch(r"metadata\.(labels|annotations)\['([^']+)'\]", path)
-    if m:
-        return (meta.get(m.group(1)) or {}).get(m.group(2), "")
-    simple = {"metadata.name": meta["name"], "metadata.namespace": meta.get("namespace", ""),
-              "metadata.uid": meta.get("uid", ""), "spec.nodeName": spec.get("nodeName", ""),
-              "spec.serviceAccountName": spec.get("serviceAccountName", ""),
-              "status.podIP": status.get("podIP", POD_IP), "status.hostIP": status.get("hostIP", POD_IP)}
-    if path not in simple:
-        raise ConfigError(f"unsupported fieldRef {path!r}")
-    return simple[path]
 
 
 @dataclass
@@ -100,14 +78,21 @@ class Running:
     task: asyncio.Task | None = None
     killing: bool = False
     started: float = field(default_factory=time.monotonic)
+    ip: str = POD_IP
+    sandbox: str | None = None  # the container runtime's pod (its network namespace), when there is one
+    containers: dict[str, str] = field(default_factory=dict)  # container name -> the runtime's name
 
 
 class Kubelet:
     def __init__(self, store: Store, node: str, root: Path, images: dict[str, Image], hosts_file: Path,
-                 base_env: dict[str, str] | None = None) -> None:
+                 base_env: dict[str, str] | None = None, runtime=None, node_ip: str = POD_IP) -> None:
+        """``runtime``: None runs containers as bwrap processes on this machine's network (``images`` says what
+        each image would provide); a ``podman.PodmanRuntime`` runs them as real containers of the images the
+        pods name, each pod in its own network namespace."""
         self.store, self.node, self.root, self.images, self.hosts_file = store, node, root, images, hosts_file
         self.base_env = base_env or {"PATH": "/usr/local/bin:/usr/bin:/bin"}
         self.pods: dict[tuple[str, str], Running] = {}
+        self.runtime, self.node_ip = runtime, node_ip
 
     # --- API server's view ------------------------------------------------------------------------
     def log_path(self, pod: dict, container: str) -> Path | None:
@@ -122,8 +107,11 @@ class Kubelet:
     def exec_argv(self, pod: dict, container: str, command: list[str]) -> tuple[list[str], dict, str]:
         """A process in the container's mounts, hostname, environment and working dir."""
         spec = next(c for c in pod["spec"]["containers"] if c["name"] == container)
-        env = self._env(pod, spec)
         run = self.pods[(pod["metadata"]["namespace"], pod["metadata"]["name"])]
+        if self.runtime is not None:
+            from tests.k8s_standin.podman import podman_env
+            return self.runtime.exec_argv(run.containers[container], command, spec.get("workingDir")), podman_env(), "/"
+        env = self._env(pod, spec)
         argv, cwd = self._sandbox(pod, spec, run), spec.get("workingDir") or self._image(spec).workdir
         return argv + ["--chdir", cwd, "--", *command], env, "/"
 
@@ -133,8 +121,15 @@ class Kubelet:
         run = self.pods.get((ns, name))
         if run is None:
             raise ApiError(404, "NotFound", f'pod "{name}" is not running on node {self.node}')
-        for proc in run.procs.values():
-            _signal(proc, sig)
+        self._signal(run, sig)
+
+    def _signal(self, run: Running, sig: int) -> None:
+        """Every running container of the pod gets ``sig`` at its PID 1."""
+        for name, proc in list(run.procs.items()):
+            if self.runtime is None:
+                _signal(proc, sig)
+            elif proc.returncode is None:
+                self.runtime.signal(run.containers[name], sig)
 
     # --- the sync loop ----------------------------------------------------------------------------
     def sync(self) -> None:
@@ -157,19 +152,18 @@ class Kubelet:
                 asyncio.get_running_loop().create_task(self._deadline(run))
         for key, run in list(self.pods.items()):
             if key not in mine or mine[key]["metadata"]["uid"] != run.uid:  # force-deleted: kill now
-                for proc in run.procs.values():
-                    _signal(proc, signal.SIGKILL)
+                if not run.killing or self.runtime is None:
+                    run.killing = True
+                    self._signal(run, signal.SIGKILL)
                 if run.task is None or run.task.done():
                     self.pods.pop(key, None)
 
     async def _terminate(self, run: Running, grace: int) -> None:
-        for proc in run.procs.values():
-            _signal(proc, signal.SIGTERM)
+        self._signal(run, signal.SIGTERM)
         end = time.monotonic() + grace
         while any(p.returncode is None for p in run.procs.values()) and time.monotonic() < end:
             await asyncio.sleep(0.05)
-        for proc in run.procs.values():
-            _signal(proc, signal.SIGKILL)
+        self._signal(run, signal.SIGKILL)
         if run.task:
             await asyncio.wait([run.task])
         ns, name = run.pod_key
@@ -179,8 +173,7 @@ class Kubelet:
         self.pods.pop(run.pod_key, None)
 
     async def _deadline(self, run: Running) -> None:
-        for proc in run.procs.values():
-            _signal(proc, signal.SIGKILL)
+        self._signal(run, signal.SIGKILL)
         if run.task:
             await asyncio.wait([run.task])
         self._update(run, lambda st: st.update(phase="Failed", reason="DeadlineExceeded",
@@ -206,13 +199,25 @@ class Kubelet:
         ns, name = run.pod_key
         pod = self.store.get("Pod", ns, name)
         hostname = pod["spec"].get("hostname") or name[:63]
-        self._update(run, lambda st: st.update(
-            phase="Pending", hostIP=POD_IP, podIP=POD_IP, podIPs=[{"ip": POD_IP}], startTime=now(),
-            conditions=_conditions(st, Initialized="True", Ready="False", ContainersReady="False")))
         containers = pod["spec"]["containers"]
-        for c in containers:
-            self._set_container(run, c["name"], {"waiting": {"reason": "ContainerCreating"}})
-        results = await asyncio.gather(*(self._run_container(run, c, hostname) for c in containers))
+        try:
+            if self.runtime is not None:  # the pod's sandbox first: its address is the pod's
+                run.sandbox = self.runtime.sandbox_name(ns, name, run.uid)
+                try:
+                    run.ip = await asyncio.to_thread(self.runtime.start_sandbox, run.sandbox, hostname)
+                except Exception as e:  # noqa: BLE001 - the runtime's message goes to the pod, as the kubelet's event
+                    message = str(e)
+                    self._update(run, lambda st: st.update(phase="Failed", reason="FailedCreatePodSandBox", message=message))
+                    return
+            self._update(run, lambda st: st.update(
+                phase="Pending", hostIP=self.node_ip, podIP=run.ip, podIPs=[{"ip": run.ip}], startTime=now(),
+                conditions=_conditions(st, Initialized="True", Ready="False", ContainersReady="False")))
+            for c in containers:
+                self._set_container(run, c["name"], {"waiting": {"reason": "ContainerCreating"}})
+            results = await asyncio.gather(*(self._run_container(run, c, hostname) for c in containers))
+        finally:
+            if run.sandbox is not None:  # the containers are gone: the address goes back to the pool
+                await asyncio.to_thread(self.runtime.remove_sandbox, run.sandbox)
         if run.killing and self.store.find("Pod", ns, name) is None:
             return
         phase = "Succeeded" if all(code == 0 for code in results) else "Failed"
@@ -228,32 +233,42 @@ class Kubelet:
                 return 137
             try:
                 env = self._env(pod, c)
-                image = self._image(c)
-                argv = self._sandbox(pod, c, run, hostname)
+                if self.runtime is not None:
+                    argv, cwd = self._container(pod, c, run, env, restarts), None
+                else:
+                    image = self._image(c)
+                    argv = self._sandbox(pod, c, run, hostname)
+                    cwd = c.get("workingDir") or image.workdir
             except ConfigError as e:
-                reason = "ErrImagePull" if "image" in str(e) else "CreateContainerConfigError"
+                reason = "ErrImagePull" if isinstance(e, ImageError) else "CreateContainerConfigError"
                 self._set_container(run, c["name"], {"waiting": {"reason": reason, "message": str(e)}})
                 await asyncio.sleep(0.5)
                 continue
             command = [expand(a, env) for a in (c.get("command") or []) + (c.get("args") or [])]
-            if not command:
+            if self.runtime is None and not command:
                 self._set_container(run, c["name"], {"waiting": {"reason": "CreateContainerConfigError",
                                                                  "message": "no command (images are not run here)"}})
                 return 1
             log = run.dir / c["name"] / "0.log"
             log.parent.mkdir(parents=True, exist_ok=True)
+            if self.runtime is None:
+                argv, proc_env = [*argv, "--chdir", cwd, "--", *command], env
+            else:
+                from tests.k8s_standin.podman import podman_env
+                proc_env = podman_env()
             with log.open("ab") as out:
                 proc = await asyncio.create_subprocess_exec(
-                    *argv, "--chdir", c.get("workingDir") or image.workdir, "--", *command, env=env,
-                    stdin=asyncio.subprocess.DEVNULL, stdout=out, stderr=out, start_new_session=True)
+                    *argv, env=proc_env, stdin=asyncio.subprocess.DEVNULL, stdout=out, stderr=out, start_new_session=True)
             run.procs[c["name"]] = proc
             if run.killing:  # deleted while it was starting: the terminator may have signalled already
-                _signal(proc, signal.SIGKILL)
+                self._signal(run, signal.SIGKILL)
             started = now()
             self._set_container(run, c["name"], {"running": {"startedAt": started}}, restartCount=restarts)
             self._update(run, lambda st: st.update(phase="Running", conditions=_conditions(st, Ready="True", ContainersReady="True")))
             rc = await proc.wait()
             code = rc if rc >= 0 else 128 - rc
+            if self.runtime is not None:  # podman's own exit code is the container's, unless podman failed
+                code = await asyncio.to_thread(self.runtime.exit_code, run.containers[c["name"]], code)
             term = {"exitCode": code, "reason": "Completed" if code == 0 else "Error", "startedAt": started,
                     "finishedAt": now(), "containerID": f"standin://{proc.pid}"}
             if code and c.get("terminationMessagePolicy") == "FallbackToLogsOnError":
@@ -272,47 +287,17 @@ class Kubelet:
     def _image(self, c: dict) -> Image:
         image = self.images.get(c.get("image", ""))
         if image is None:
-            raise ConfigError(f'Back-off pulling image "{c.get("image")}": the stand-in node knows the images '
+            raise ImageError(f'Back-off pulling image "{c.get("image")}": the stand-in node knows the images '
                               f"{sorted(self.images)}")
         return image
 
-    def _source(self, kind: str, ns: str, name: str, optional: bool) -> dict[str, str] | None:
-        obj = self.store.find(kind, ns, name)
-        if obj is None:
-            if optional:
-                return None
-            raise ConfigError(f'{kind.lower()} "{name}" not found')
-        data = dict(obj.get("data") or {})
-        if kind == "Secret":
-            data = {k: base64.b64decode(v).decode() for k, v in data.items()}
-            data.update(obj.get("stringData") or {})
-        return data
-
     def _env(self, pod: dict, c: dict) -> dict[str, str]:
-        ns = pod["metadata"]["namespace"]
-        env = {**self.base_env, **self._image(c).env}
-        for src in c.get("envFrom") or []:
-            ref = src.get("secretRef") or src.get("configMapRef")
-            kind = "Secret" if src.get("secretRef") else "ConfigMap"
-            data = self._source(kind, ns, ref["name"], bool(ref.get("optional")))
-            env.update({src.get("prefix", "") + k: v for k, v in (data or {}).items()})
-        for var in c.get("env") or []:
-            vf = var.get("valueFrom")
-            if vf is None:
-                env[var["name"]] = expand(var.get("value", ""), env)
-            elif vf.get("fieldRef"):
-                env[var["name"]] = _field(pod, vf["fieldRef"]["fieldPath"])
-            elif vf.get("secretKeyRef") or vf.get("configMapKeyRef"):
-                ref = vf.get("secretKeyRef") or vf.get("configMapKeyRef")
-                kind = "Secret" if vf.get("secretKeyRef") else "ConfigMap"
-                data = self._source(kind, ns, ref["name"], bool(ref.get("optional")))
-                if data is not None and ref["key"] in data:
-                    env[var["name"]] = data[ref["key"]]
-                elif not ref.get("optional"):
-                    raise ConfigError(f"couldn't find key {ref['key']} in {kind} {ns}/{ref['name']}")
-            else:
-                raise ConfigError(f"env {var['name']}: valueFrom {sorted(vf)} is not supported by the stand-in")
-        return env
+        # a real image's own ENV is under the container's (the runtime merges them); $(VAR) never sees it
+        base = {} if self.runtime is not None else {**self.base_env, **self._image(c).env}
+        return resolve_env(self.store, pod, c, base)
+
+    def _source(self, kind: str, ns: str, name: str, optional: bool) -> dict[str, str] | None:
+        return podenv.source(self.store, kind, ns, name, optional)
 
     def _sandbox(self, pod: dict, c: dict, run: Running, hostname: str | None = None) -> list[str]:
         """The bwrap line: this machine's root, the pod's volumes and hosts file, own PID/UTS ns."""
@@ -326,12 +311,40 @@ class Kubelet:
             argv += ["--symlink", os.readlink(path), str(path)] if path.is_symlink() else ["--dev-bind", str(path), str(path)]
         for target, source in self._image(c).binds.items():
             argv += ["--bind", source, target]
-        vols = {v["name"]: v for v in pod["spec"].get("volumes") or []}
-        for mount in c.get("volumeMounts") or []:
-            argv += ["--bind" if not mount.get("readOnly") else "--ro-bind",
-                     str(self._volume(pod, run, vols.get(mount["name"]), mount["name"])), mount["mountPath"]]
+        for source, target, ro in self._mounts(pod, c, run):
+            argv += ["--ro-bind" if ro else "--bind", source, target]
         argv += ["--ro-bind", str(self.hosts_file), "/etc/hosts"]
         return argv
+
+    def _mounts(self, pod: dict, c: dict, run: Running, tmpfs: list | None = None) -> list[tuple[str, str, bool]]:
+        """(path on this machine, mount path, read-only) of the container's volumeMounts; ``medium: Memory``
+        emptyDirs go to ``tmpfs`` as (mount path, sizeLimit) instead when a list is given."""
+        vols, out = {v["name"]: v for v in pod["spec"].get("volumes") or []}, []
+        for mount in c.get("volumeMounts") or []:
+            vol = vols.get(mount["name"])
+            if tmpfs is not None and vol and (vol.get("emptyDir") or {}).get("medium") == "Memory":
+                tmpfs.append((mount["mountPath"], vol["emptyDir"].get("sizeLimit")))
+                continue
+            out.append((str(self._volume(pod, run, vol, mount["name"])), mount["mountPath"], bool(mount.get("readOnly"))))
+        return out
+
+    def _container(self, pod: dict, c: dict, run: Running, env: dict[str, str], attempt: int) -> list[str]:
+        """The runtime's line for this container (security context, limits, env file, volumes, command)."""
+        from tests.k8s_standin.podman import write_env_file
+
+        if self.runtime.image_user(c.get("image", "")) is None:
+            raise ImageError(f'Back-off pulling image "{c.get("image")}": not on the node (the stand-in pulls nothing)')
+        name = run.containers[c["name"]] = f"{run.sandbox}-{c['name']}-{attempt}"
+        tmpfs: list = []
+        mounts = self._mounts(pod, c, run, tmpfs)
+        try:
+            write_env_file(run.dir / c["name"] / "env", env)
+            return self.runtime.run_argv(
+                run.sandbox, name, c, pod, run.dir / c["name"] / "env", mounts, tmpfs,
+                [expand(a, env) for a in c.get("command") or []], [expand(a, env) for a in c.get("args") or []],
+                self.hosts_file)
+        except ValueError as e:
+            raise ConfigError(str(e)) from None
 
     def _volume(self, pod: dict, run: Running, vol: dict | None, name: str) -> Path:
         path = run.dir / "volumes" / name
@@ -339,6 +352,8 @@ class Kubelet:
             raise ConfigError(f"volumeMount {name!r} names no volume of the pod")
         if "emptyDir" in vol:
             path.mkdir(parents=True, exist_ok=True)
+            if self.runtime is not None:
+                path.chmod(0o777)  # as the kubelet makes an emptyDir: any user of the pod may write
             return path
         for kind, key in (("Secret", "secret"), ("ConfigMap", "configMap")):
             if key in vol:

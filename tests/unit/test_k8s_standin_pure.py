@@ -99,3 +99,54 @@ def test_store_conflicts_versions_and_finalizers():
     held["metadata"]["finalizers"] = []
     store.replace(held)
     assert store.find("ConfigMap", "ns", "c") is None
+
+
+def _pod(name: str, ip: str | None, hostname: str | None = None, subdomain: str | None = None, deleting: bool = False,
+         labels: dict | None = None) -> dict:
+    meta = {"name": name, "namespace": "ns", "labels": labels or {}}
+    if deleting:
+        meta["deletionTimestamp"] = "2026-01-01T00:00:00Z"
+    return {"metadata": meta, "spec": {"hostname": hostname, "subdomain": subdomain},
+            "status": {"phase": "Running", "podIP": ip, "conditions": [{"type": "Ready", "status": "True"}]}}
+
+
+def test_dns_maps_names_to_pod_addresses_and_follows_an_evicted_index(tmp_path):
+    from tests.k8s_standin.controllers import Dns
+
+    store = Store()
+    store.create("Namespace", "", {"metadata": {"name": "ns"}})
+    store.create("Service", "ns", {"metadata": {"name": "job"}, "spec": {
+        "clusterIP": "None", "selector": {"j": "job"}, "publishNotReadyAddresses": True}})
+    store.create("Pod", "ns", _pod("job-0-a", "10.88.0.5", "job-0", "job", labels={"j": "job"}))
+    store.create("Pod", "ns", _pod("job-1-b", "10.88.0.6", "job-1", "job", deleting=True, labels={"j": "job"}))
+    store.create("Pod", "ns", _pod("job-1-c", "10.88.0.7", "job-1", "job", labels={"j": "job"}))  # its replacement
+    store.create("Pod", "ns", _pod("starting", None, "starting"))  # no address yet
+    names = Dns(store, tmp_path / "hosts", unassigned=None).names()
+    assert names["job-0.job"] == names["job-0.job.ns.svc.cluster.local"] == names["job-0"] == "10.88.0.5"
+    assert names["job-1.job"] == names["job-1"] == "10.88.0.7"  # the replacement, not the terminating pod
+    assert "starting" not in names
+    # pods on this machine's network (bwrap): a name whose pod has no address yet is loopback, as the pod will be
+    assert Dns(store, tmp_path / "hosts2").names()["starting"] == "127.0.0.1"
+
+
+def test_the_container_runtime_applies_the_restricted_security_context_and_limits(tmp_path):
+    from infra.k8s import manifests as m
+    from tests.k8s_standin.podman import PodmanRuntime
+
+    runtime = PodmanRuntime()
+    runtime._image_users = {"img": "1000:1000", "rootimg": ""}  # what `podman image inspect` says, without podman
+    pod = {"spec": {"securityContext": m.to_dict(m.restricted_pod_security())}}
+    c = {"image": "img", "securityContext": m.to_dict(m.restricted_container_security()),
+         "resources": {"limits": {"cpu": "500m", "memory": "256Mi"}}}
+    argv = runtime.run_argv("sb", "sb-main-0", c, pod, tmp_path / "env", [("/node/tmp", "/tmp", False)],
+                            [("/dev/shm", "64Mi")], ["python"], ["-m", "x"], tmp_path / "hosts")
+    line = " ".join(argv)
+    for flags in ("--pod sb", "--pull never", "--user 1000:1000", "--read-only --read-only-tmpfs=false", "--cap-drop ALL",
+                  "--security-opt no-new-privileges", "--cpus 0.5", f"--memory {256 * 2**20}", "-v /node/tmp:/tmp:rw",
+                  f"-v {tmp_path / 'hosts'}:/etc/hosts:ro", "type=tmpfs,destination=/dev/shm,tmpfs-mode=1777,tmpfs-size=67108864",
+                  "--group-add 1000", '--entrypoint ["python"] img -m x'):
+        assert flags in line, (flags, line)
+    assert "seccomp=unconfined" not in line  # RuntimeDefault: podman's default profile
+    with pytest.raises(ValueError, match="runAsNonRoot and image will run as root"):
+        runtime.run_argv("sb", "n", {**c, "image": "rootimg", "securityContext": {"runAsNonRoot": True}}, {"spec": {}},
+                         tmp_path / "env", [], [], [], [], tmp_path / "hosts")
