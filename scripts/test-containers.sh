@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # `make test-containers`: the tests whose pods are real containers (tests/integration/containers), which
-# `make test` leaves out. Installs podman/runc/catatonit/debootstrap if missing, builds this tree's workload
-# image (scripts/build-image.sh: cached by the hash of its inputs, cold ~12 min, warm seconds), then runs the
+# `make test` leaves out, and the Prefect worker's image test. Installs podman/runc/catatonit/debootstrap if
+# missing, builds this tree's workload and worker images (scripts/build-image.sh: cached by the hash of its inputs, cold ~12 min, warm seconds), then runs the
 # tests with TEMPER_REQUIRE_CONTAINERS=1, so a missing image or podman fails them instead of skipping them.
 # Rootful podman (the pods' bridge network): needs root, or sudo, as scripts/system-deps.sh does. Where podman
 # cannot run containers at all, it says so in one line and exits non-zero: it never passes having run nothing.
@@ -39,4 +39,8 @@ if ! image=$(bash scripts/build-image.sh); then
   fail "podman cannot run containers here: $(echo "$err" | tail -1)"
 fi
 echo "workload image $image ready in $(( $(date +%s) - start ))s" >&2
-TEMPER_REQUIRE_CONTAINERS=1 "$PY" -m pytest -q --durations=10 tests/integration/containers "$@"
+start=$(date +%s)
+worker=$(bash scripts/build-image.sh --worker) || fail "building the Prefect worker's image failed: see the build's output above"
+echo "worker image $worker ready in $(( $(date +%s) - start ))s" >&2
+TEMPER_REQUIRE_CONTAINERS=1 "$PY" -m pytest -q --durations=10 tests/integration/containers \
+  tests/integration/test_worker_image.py "$@"

@@ -22,15 +22,22 @@ pytestmark = pytest.mark.slow
 FLOW_DOMAINS = ("arithmetic",)
 
 
+def unavailable(why: str):
+    """Skip, or fail under `make test-containers` (TEMPER_REQUIRE_CONTAINERS=1), which must not pass having run nothing."""
+    if os.environ.get("TEMPER_REQUIRE_CONTAINERS") == "1":
+        pytest.fail(f"containers required (TEMPER_REQUIRE_CONTAINERS=1) but {why}", pytrace=False)
+    pytest.skip(why)
+
+
 def WORKER_IMAGE() -> str:
     """This tree's worker image (the k8s_worker fixture runs the worker in it), or skip."""
     env = {**os.environ, "CONTAINERS_CONF": str(REPO / "docker" / "containers.conf")}
     if shutil.which("podman") is None:
-        pytest.skip("no podman: the worker image needs it")
+        unavailable("no podman: the worker image needs it")
     tag = subprocess.run(["bash", str(REPO / "scripts" / "build-image.sh"), "--worker", "--tag"], capture_output=True,
                          text=True, env=env).stdout.strip()
     if not tag or subprocess.run(["podman", "--runtime", "runc", "image", "exists", tag], env=env).returncode != 0:
-        pytest.skip(f"this tree's worker image {tag or '(no base image)'} is not built: scripts/build-image.sh --worker")
+        unavailable(f"this tree's worker image {tag or '(no base image)'} is not built: scripts/build-image.sh --worker")
     return tag
 
 
