@@ -291,15 +291,22 @@ class Engine:
                     if req.prefilled == len(req.prompt):
                         self._prefilled(req, lg)
             except Exception as e:
-                log.exception("request %s failed", req.id)
-                self.counters["errors"] += 1
-                with self._lock:
-                    self._finish(req, error=f"{type(e).__name__}: {e}")
+                self._failed(req, e)
                 continue
-            if req.state == "decode" and not req.active:
-                with self._lock:
-                    self._finish(req)
+            self._finish_if_done(req)
         return len(items)
+
+    def _failed(self, req: EngineRequest, e: Exception) -> None:
+        """One request's step raised: it ends with the error; the engine and the other requests go on."""
+        log.exception("request %s failed", req.id)
+        self.counters["errors"] += 1
+        with self._lock:
+            self._finish(req, error=f"{type(e).__name__}: {e}")
+
+    def _finish_if_done(self, req: EngineRequest) -> None:
+        if req.state == "decode" and not req.active:
+            with self._lock:
+                self._finish(req)
 
     def _prefilled(self, req: EngineRequest, logits: torch.Tensor) -> None:
         """The prompt's KV is complete: keep it in the prefix cache, start decoding from its last logits."""
@@ -325,14 +332,9 @@ class Engine:
                     self.decoder.step(req)
                 units += 1
             except Exception as e:
-                log.exception("request %s failed", req.id)
-                self.counters["errors"] += 1
-                with self._lock:
-                    self._finish(req, error=f"{type(e).__name__}: {e}")
+                self._failed(req, e)
                 continue
-            if req.state == "decode" and not req.active:
-                with self._lock:
-                    self._finish(req)
+            self._finish_if_done(req)
         return units
 
     @torch.no_grad()

@@ -42,8 +42,9 @@ def _terminal(pod: dict) -> bool:
     return pod.get("status", {}).get("phase") in ("Succeeded", "Failed")
 
 
-def _tolerates(pod: dict, taint: dict) -> bool:
-    for t in pod["spec"].get("tolerations") or []:
+def tolerates(tolerations: list[dict] | None, taint: dict) -> bool:
+    """Whether a pod with these tolerations may run on a node with this taint (the scheduler's and Kueue's rule)."""
+    for t in tolerations or []:
         if t.get("effect") not in (None, "", taint.get("effect")):
             continue
         if t.get("operator", "Equal") == "Exists" and t.get("key") in (None, "", taint["key"]):
@@ -95,7 +96,7 @@ class Scheduler:
         if any(labels.get(k) != v for k, v in (pod["spec"].get("nodeSelector") or {}).items()):
             return ["node(s) didn't match Pod's node affinity/selector"]
         for taint in node.get("spec", {}).get("taints") or []:
-            if taint.get("effect") in ("NoSchedule", "NoExecute") and not _tolerates(pod, taint):
+            if taint.get("effect") in ("NoSchedule", "NoExecute") and not tolerates(pod["spec"].get("tolerations"), taint):
                 return [f"node(s) had untolerated taint {{{taint['key']}: {taint.get('value', '')}}}"]
         allocatable = node.get("status", {}).get("allocatable") or {}
         used: dict[str, float] = {"pods": 0}

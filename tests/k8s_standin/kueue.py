@@ -48,6 +48,7 @@ from kubernetes.utils import parse_quantity
 
 from tests.k8s_standin import crds
 from tests.k8s_standin.admission import pod_amounts
+from tests.k8s_standin.controllers import tolerates
 from tests.k8s_standin.store import ApiError, Store, matches, now
 
 GROUP, VERSION = "kueue.x-k8s.io", "v1beta2"
@@ -139,17 +140,6 @@ def _requests(wl: dict) -> dict[str, Decimal]:
         for res, amount in per_pod.items():
             total[res] = total.get(res, Decimal(0)) + Decimal(str(amount)) * ps.get("count", 1)
     return {r: v for r, v in total.items() if v}
-
-
-def _tolerates(tolerations: list[dict], taint: dict) -> bool:
-    for t in tolerations or []:
-        if t.get("effect") not in (None, "", taint.get("effect")):
-            continue
-        if t.get("operator", "Equal") == "Exists" and t.get("key") in (None, "", taint["key"]):
-            return True
-        if t.get("key") == taint["key"] and t.get("value") == taint.get("value"):
-            return True
-    return False
 
 
 class KueueController:
@@ -271,7 +261,7 @@ class KueueController:
             if key in selector and selector[key] != value:
                 return f"flavor {flavor_name} doesn't match node affinity"
         for taint in spec.get("nodeTaints") or []:
-            if taint.get("effect") in ("NoSchedule", "NoExecute") and not _tolerates(pod.get("tolerations"), taint):
+            if taint.get("effect") in ("NoSchedule", "NoExecute") and not tolerates(pod.get("tolerations"), taint):
                 return f"untolerated taint {{{taint['key']}: {taint.get('value', '')}}} in flavor {flavor_name}"
         return None
 

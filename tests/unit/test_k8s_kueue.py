@@ -18,6 +18,7 @@ from kubernetes.utils import parse_quantity
 from infra.k8s.launcher import kueue_outcome
 from infra.k8s.render import load_render_config, render
 from tests.k8s_standin import admission, crds, kueue
+from tests.k8s_standin.controllers import tolerates
 from tests.k8s_standin.store import Store
 from tests.unit.test_k8s_static import CONFIG_TARGETS, KUEUE_API, RENDERED, ROOT, _options, find
 
@@ -92,7 +93,7 @@ def test_queue_names_selectors_and_flavor_agree_with_the_options(tmp_path):
     assert [f["name"] for f in group["flavors"]] == [flavor["metadata"]["name"]]
     assert flavor["spec"]["nodeLabels"].items() <= opts.node_selector.items()
     tolerations = [t.model_dump() for t in opts.tolerations]
-    assert all(kueue._tolerates(tolerations, taint) for taint in flavor["spec"]["nodeTaints"])
+    assert all(tolerates(tolerations, taint) for taint in flavor["spec"]["nodeTaints"])
     hard = find(GPU, "ResourceQuota", "temper")["spec"]["hard"]  # Kueue never promises more than the namespace may use
     for res in group["flavors"][0]["resources"]:
         assert parse_quantity(res["nominalQuota"]) <= parse_quantity(hard[f"requests.{res['name']}"]), res["name"]
