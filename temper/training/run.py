@@ -232,6 +232,12 @@ def train(cfg: TrainConfig, settings: Settings | None = None) -> dict[str, Any]:
         train_ds = datasets.Dataset.from_list(build_stream(cfg, domains, frames))
     else:  # decided online, batch by batch, from the curriculum's weights
         train_ds = lazy_dataset(stream, stream_slots(cfg), row_renderer(cfg, domains, frames))
+    if resume_from is not None and saved["step"] >= cfg.stage.max_steps:
+        # The stage's last checkpoint (the job died between it and the export). transformers' Trainer trains
+        # one more step from a final checkpoint when its epoch has rows left (the stream holds max_steps + 1
+        # steps' rows); with exactly max_steps steps' rows its epoch loop is empty: it loads the checkpoint
+        # and goes straight to the end, so the export is the checkpoint's model.
+        train_ds = train_ds.select(range(cfg.stage.max_steps * cfg.prompts_per_step))
 
     rewards = None
     if cfg.mode == "sft":

@@ -140,9 +140,12 @@ def test_sigkilled_flow_is_resumed_to_the_uninterrupted_model_and_records_and_an
     assert ok.wait(900) == 0, log.read_text()[-4000:]
     output = log.read_text()
     assert f"continuing post_training run {key}" in output
-    # training continued from the newest complete checkpoint (2, or 4 if the job got that far before its kill)
+    # training continued from the newest complete checkpoint: 2, or 4 or 6 if the job got that far before its
+    # kill (on a quiet machine a step of this tiny run takes ~30 ms, faster than the test can notice and kill);
+    # from the last one no step is trained again, the export is its model
     [resumed_from] = [int(line.rsplit("checkpoint-", 1)[1]) for line in output.splitlines() if "resuming from" in line]
-    assert 2 <= resumed_from < STEPS and f"grpo step {resumed_from + 1}/{STEPS}" in output, output[-4000:]
+    assert 2 <= resumed_from <= STEPS and f"grpo step {STEPS + 1}/" not in output, output[-4000:]
+    assert resumed_from == STEPS or f"grpo step {resumed_from + 1}/{STEPS}" in output, output[-4000:]
     assert "grpo step 1/" not in output  # not started over
     ref_job.join()
     took = time.monotonic() - t0

@@ -168,8 +168,14 @@ def test_killed_grpo_run_resumes_with_identical_sampling_rewards_and_kl(workspac
     generation RNG, the domain sampler and the data order all came back."""
     common = dict(mode="grpo", base_model=str(workspace / "tiny"), max_steps=6, save_steps=3, learning_rate=1e-3,
                   per_device_batch_size=8, num_generations=4, max_completion_length=4, temperature=1.0, beta=0.04)
-    status, lines = launch(write_config(workspace, "grpo_straight", **common), "grpo")
+    straight = write_config(workspace, "grpo_straight", **common)
+    status, lines = launch(straight, "grpo")
     assert status == 0, "\n".join(lines[-40:])
+    # Killed after its last checkpoint (before the export): the next attempt resumes from checkpoint-6 and
+    # trains no step 7 (the Trainer would, from a final checkpoint with batches left in its epoch).
+    status, lines = launch(straight, "grpo")
+    assert status == 0 and any("resuming from" in line and "checkpoint-6" in line for line in lines), "\n".join(lines[-40:])
+    assert not (workspace / "grpo_straight" / "checkpoint-7").exists() and max(step_metrics(workspace / "grpo_straight")) == 6
     interrupted = write_config(workspace, "grpo_interrupted", **common)
     kill_at_checkpoint_then_resume(interrupted, "grpo", step=3)
 
