@@ -33,7 +33,7 @@ def _params():
     from temper.lifecycle.params import EvalSettings, GRPOSettings, PostTrainingParams, SFTStage
 
     return PostTrainingParams(model_name=MODEL, domains=["arithmetic"], sft=SFTStage(enabled=False), world_size=1,
-                              grpo=GRPOSettings(max_steps=STEPS, save_steps=2), eval=EvalSettings(limit=8))
+                              grpo=GRPOSettings(max_steps=STEPS, save_steps=2, max_completion_length=48), eval=EvalSettings(limit=8))
 
 
 def _flow_runs(**filters):
@@ -92,14 +92,16 @@ def test_sigkilled_flow_is_resumed_to_the_uninterrupted_model_and_records_and_an
     params_file.write_text(yaml.safe_dump(_params().model_dump(mode="json")))
     t0 = time.monotonic()
 
-    # 1. The flow runs in its own process; once GRPO's checkpoint-2 is committed to the store, SIGKILL it.
+    # 1. The flow runs in its own process; once a GRPO checkpoint before the last is committed to the store,
+    # SIGKILL it. Completions of 48 tokens make a step long enough to notice (with 4, a quiet machine ran all
+    # 6 steps in ~0.2 s, and the store keeps only the last 2 checkpoints).
     flow = _temper(env, "demo", "--params", str(params_file), log=tmp_path / "flow.log")
     store = temper_home / "store" / "runs"
     deadline = time.monotonic() + 600
-    while not list(store.glob("pt-*-grpo/checkpoints/checkpoint-2/temper_state.json")):
+    while not [p for n in range(2, STEPS, 2) for p in store.glob(f"pt-*-grpo/checkpoints/checkpoint-{n}/temper_state.json")]:
         assert flow.poll() is None, (tmp_path / "flow.log").read_text()[-3000:]
         assert time.monotonic() < deadline, "no GRPO checkpoint in 600 s"
-        time.sleep(0.2)
+        time.sleep(0.02)
     os.kill(flow.pid, signal.SIGKILL)
     flow.wait()
     killed_at = time.monotonic() - t0
