@@ -89,6 +89,7 @@ class LocalGenerator:
         self.model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
         self.model.eval()
         self.batch_size = batch_size
+        self.too_long = 0  # prompts not generated so far (cumulative: _evaluate takes each domain's difference)
 
     def __call__(self, prompts: list[str], max_new_tokens: int) -> list[str]:
         """Greedy completions; a prompt that does not fit the model's context (with ``max_new_tokens``)
@@ -97,7 +98,7 @@ class LocalGenerator:
         batch of 16 took 14 GB on the 512-position tiny model)."""
         context = int(getattr(self.model.config, "max_position_embeddings", 0) or 0)
         fits = [not context or len(self.tok(p)["input_ids"]) + max_new_tokens <= context for p in prompts]
-        self.too_long = fits.count(False)
+        self.too_long += fits.count(False)
         done = iter(_greedy(self.model, self.tok, [p for p, ok in zip(prompts, fits) if ok], max_new_tokens,
                             self.batch_size))
         return [next(done) if ok else "" for ok in fits]
@@ -140,12 +141,14 @@ class RolloutGenerator:
         overrides = {} if os.environ.get("TEMPER_ROLLOUT_BASE_URL") or os.environ.get("TEMPER_ROLLOUT_MODEL_DIR") \
             else {"model_dir": model_dir}
         self.client = RolloutClient(RolloutSettings(**overrides))
+        self.too_long = self.prompt_tokens = self.cached_prompt_tokens = 0
 
     def __call__(self, prompts: list[str], max_new_tokens: int) -> list[str]:
         groups = self.client.generate(prompts, max_new_tokens, 0.0, skip_too_long=True)
-        self.too_long = sum(not g for g in groups)  # refused as longer than the served context: scored as ""
-        self.prompt_tokens = sum(g[0].prompt_tokens for g in groups if g)
-        self.cached_prompt_tokens = sum(g[0].cached_tokens for g in groups if g)
+        # cumulative over calls (a multi-step eval makes one per turn; _evaluate takes each domain's difference)
+        self.too_long += sum(not g for g in groups)  # refused as longer than the served context: scored as ""
+        self.prompt_tokens += sum(g[0].prompt_tokens for g in groups if g)
+        self.cached_prompt_tokens += sum(g[0].cached_tokens for g in groups if g)
         return [g[0].text if g else "" for g in groups]
 
     def close(self) -> None:
@@ -213,21 +216,20 @@ def with_progress(results: Iterable[EvalResult], total: int, file: TextIO | None
 EPISODE_FAMILY = "episode"  # multi-step domains: played turn by turn (temper.agent.greedy_episodes)
 
 
-def _play(produce, domain, verifier, records: list[dict], prompts: list[str]) -> tuple[list[dict], int]:
+COUNTERS = ("too_long", "prompt_tokens", "cached_prompt_tokens")  # a generator's running counts (0 if it keeps none)
+
+
+def _counts(produce) -> dict[str, int]:
+    return {name: getattr(produce, name, 0) for name in COUNTERS}
+
+
+def _play(produce, domain, verifier, records: list[dict], prompts: list[str]) -> list[dict]:
     """A multi-step domain's eval: one greedy episode per record through its environment, turn by turn;
-    (trajectory lines, generations refused as too long)."""
+    its trajectory lines."""
     kind = domain.verifier.params.get("env", "files")
-    refused = [0]
-
-    def turn(contexts: list[str], max_new: int) -> list[str]:
-        out = produce(contexts, max_new)
-        refused[0] += getattr(produce, "too_long", 0)
-        return out
-
-    lines = play_episodes(verifier.environment, kind, domain.name, records, prompts, turn,
-                          int(domain.verifier.params.get("turn_tokens", 64)),
-                          wave=shared_pool("shell").size if kind == "files" else 64)
-    return lines, refused[0]
+    return play_episodes(verifier.environment, kind, domain.name, records, prompts, produce,
+                         int(domain.verifier.params.get("turn_tokens", 64)),
+                         wave=shared_pool("shell").size if kind == "files" else 64)
 
 
 def _evaluate(produce, model_dir: str, domain, limit: int, max_new_tokens: int, keep_samples: int) -> EvalResult:
@@ -238,16 +240,17 @@ def _evaluate(produce, model_dir: str, domain, limit: int, max_new_tokens: int, 
     prompts = [domain.render_prompt(r) for r in records]
     verifier = get_verifier(domain.verifier.family, domain.verifier.params)
     episodes: list[dict] = []
+    before = _counts(produce)
     if domain.verifier.family == EPISODE_FAMILY:
-        episodes, too_long = _play(produce, domain, verifier, records, prompts) if records else ([], 0)
+        episodes = _play(produce, domain, verifier, records, prompts) if records else []
         completions = ["\n".join(turn["action"] for turn in e["turns"]) for e in episodes]
         rewards = [e["reward"] for e in episodes]
     else:
         completions = produce(prompts, max_new_tokens) if records else []
-        too_long = getattr(produce, "too_long", 0) if records else 0
         verdicts = asyncio.run(_score_all(verifier, records, completions))
         rewards = [None if v is None else float(v.reward) for v in verdicts]
     scored = [r for r in rewards if r is not None]
+    counts = {name: n - before[name] for name, n in _counts(produce).items()}  # this domain's generations
     return EvalResult(
         domain=domain.name, model=model_dir, dataset_uri=ds.uri, dataset_sha256=ds.digest, n=len(records),
         scored=len(scored), mean_reward=sum(scored) / len(scored) if scored else 0.0,
@@ -255,9 +258,7 @@ def _evaluate(produce, model_dir: str, domain, limit: int, max_new_tokens: int, 
         rewards=rewards, ids=[r["id"] for r in records], wall_s=time.perf_counter() - t,
         samples=[{"id": r["id"], "prompt": p[-200:], "completion": c, "reward": w}
                  for r, p, c, w in list(zip(records, prompts, completions, rewards))[:keep_samples]],
-        too_long=too_long,
-        prompt_tokens=getattr(produce, "prompt_tokens", 0) if records else 0,
-        cached_prompt_tokens=getattr(produce, "cached_prompt_tokens", 0) if records else 0,
+        **counts,
         context_lengths=[int(r["target_tokens"]) for r in records] if "target_tokens" in frame.columns else [],
         turns=[len(e["turns"]) for e in episodes], outcomes=[e["outcome"] for e in episodes], trajectories=episodes,
     )
