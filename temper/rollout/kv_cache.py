@@ -76,18 +76,7 @@ class PrefixKVCache:
         limit = len(tokens) if max_length is None else min(max_length, len(tokens))
         with self._lock:
             self.lookups += 1
-            segments: list[tuple[_Node, int]] = []
-            node, pos = self._root, 0
-            while pos < limit:
-                child = node.children.get(tokens[pos])
-                if child is None:
-                    break
-                k = _common_prefix(child.tokens, tokens[:limit], pos)
-                segments.append((child, k))
-                pos += k
-                if k < len(child.tokens):
-                    break
-                node = child
+            segments, pos = self._walk(tokens[:limit])
             if not segments:
                 return PrefixMatch(0, None)
             self._touch(segments[-1][0])
@@ -101,17 +90,24 @@ class PrefixKVCache:
     def peek(self, tokens: list[int]) -> int:
         """Length of the longest cached prefix of ``tokens``: no copy, no LRU touch, not counted as a lookup."""
         with self._lock:
-            node, pos = self._root, 0
-            while pos < len(tokens):
-                child = node.children.get(tokens[pos])
-                if child is None:
-                    break
-                k = _common_prefix(child.tokens, tokens, pos)
-                pos += k
-                if k < len(child.tokens):
-                    break
-                node = child
-            return pos
+            return self._walk(tokens)[1]
+
+    def _walk(self, tokens: list[int]) -> tuple[list[tuple[_Node, int]], int]:
+        """The nodes along the longest cached prefix of ``tokens``, each with how many of its tokens match,
+        and that prefix's length (the caller holds the lock)."""
+        segments: list[tuple[_Node, int]] = []
+        node, pos = self._root, 0
+        while pos < len(tokens):
+            child = node.children.get(tokens[pos])
+            if child is None:
+                break
+            k = _common_prefix(child.tokens, tokens, pos)
+            segments.append((child, k))
+            pos += k
+            if k < len(child.tokens):
+                break
+            node = child
+        return segments, pos
 
     # -- writing ---------------------------------------------------------------------------------
     def insert(self, tokens: list[int], kv: LayerKV) -> int:
