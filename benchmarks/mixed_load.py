@@ -8,6 +8,7 @@ Per scheduler setup and per repeat, on one engine (thread running, as when servi
 3. long alone: ``--long-streams`` long requests kept in flight for T seconds; long throughput = long
    prompt tokens prefilled per second (a request cut by the window counts what it prefilled).
 4. mixed: the same Poisson arrivals (same seed) and the long stream together, for T seconds.
+5. short only again (same arrivals); the short baseline is both short-only windows' latencies pooled.
 Ratios per repeat: short p50 and p99 mixed / short only; long throughput mixed / alone.
 
 Goals (issue 18): median over >= 5 repeats of both short ratios <= 1.25 with the worst repeat
@@ -172,6 +173,9 @@ def one_repeat(runner: Runner, args, seed: int) -> dict[str, float]:
 
     long_alone, _ = long_for(window, False)
     long_mixed, mixed = long_for(window, True)
+    # the short-only window again, after the mixed one: the baseline pools both, so a drift of the machine's
+    # speed during the repeat moves the baseline with the mixed window instead of landing in the ratio
+    alone += runner.open_loop(arrivals)
     return {"capacity": cap, "rate": rate, "window": window, "busy": busy,
             "p50_alone": statistics.median(alone), "p99_alone": _pct(alone, 0.99),
             "p50_mixed": statistics.median(mixed), "p99_mixed": _pct(mixed, 0.99),
@@ -187,9 +191,12 @@ def setups(long_len: int, long_chunk: int | None, budget: int | None) -> dict[st
     lanes = default_lanes()
     if long_chunk:
         lanes[-1] = lanes[-1].model_copy(update={"prefill_chunk_tokens": long_chunk})
-    mixed = dict(lanes=lanes, prefix_cache=off) | ({"forward_token_budget": budget} if budget else {})
+    in_engine = default_lanes()
+    in_engine[-1] = in_engine[-1].model_copy(update={"prefill_process": False, "prefill_chunk_tokens": 64})
+    extra = {"forward_token_budget": budget} if budget else {}
     return {
-        "mixed batches": mixed,
+        "mixed batches": dict(lanes=lanes, prefix_cache=off) | extra,
+        "mixed batches, long prefill in the engine": dict(lanes=in_engine, prefix_cache=off) | extra,
         "lanes, per-request": dict(lanes=default_lanes(), prefix_cache=off, mixed_batches=False),
         "FIFO": dict(lanes=[LaneConfig(name="all", max_prompt_tokens=long_len + 64, max_running=16,
                                        prefill_chunk_tokens=long_len + 64)], prefix_cache=off, mixed_batches=False),
@@ -230,13 +237,14 @@ def main() -> int:
     ap.add_argument("--quick", action="store_true", help="2 repeats, 1 baseline repeat, fewer requests (development)")
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--baseline-repeats", type=int, default=2, help="repeats of the two baselines (0 = skip them)")
-    ap.add_argument("--shorts", type=int, default=200, help="short requests per open-loop window")
+    ap.add_argument("--shorts", type=int, default=300, help="short requests per open-loop window")
     ap.add_argument("--short-tokens", type=int, default=16)
-    ap.add_argument("--long-len", type=int, default=2048, help="long prompt tokens")
+    ap.add_argument("--long-len", type=int, default=4096,
+                    help="long prompt tokens (above the default short lane's 2048, so they go to the long lane)")
     ap.add_argument("--long-streams", type=int, default=2)
     ap.add_argument("--load", type=float, default=0.5, help="short arrival rate as a fraction of capacity")
     ap.add_argument("--concurrency", type=int, default=16, help="short requests in flight when measuring capacity")
-    ap.add_argument("--capacity-requests", type=int, default=48)
+    ap.add_argument("--capacity-requests", type=int, default=96)
     ap.add_argument("--only", default=None, help="run one setup by name")
     ap.add_argument("--threads", type=int, default=1,
                     help="torch threads of the engine (1 leaves the other core to the request drivers)")
@@ -248,7 +256,7 @@ def main() -> int:
     args = ap.parse_args()
     if args.quick:
         args.repeats, args.baseline_repeats, args.shorts, args.capacity_requests = 2, 1, 24, 32
-        args.long_len = min(args.long_len, 1024)
+        args.long_len = min(args.long_len, 3072)
 
     from temper.rollout.config import EngineConfig
     from temper.rollout.engine import Engine
@@ -278,6 +286,7 @@ def main() -> int:
                 shorts = [e.encode(f"user: what is {i} + {i + 7}?\nassistant: ") for i in range(64)]
                 runner = Runner(e, shorts, args.long_len, args.short_tokens)
                 runner.capacity(4, 8)  # warm-up
+                e.generate([[5 + i % 90 for i in range(args.long_len)]], runner.long_params)  # starts the prefill worker
                 rows = []
                 for r in range(repeats):
                     rows.append(one_repeat(runner, args, seed=r))

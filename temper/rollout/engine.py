@@ -31,11 +31,12 @@ from typing import Any
 import torch
 
 from temper.rollout.config import EngineConfig
-from temper.rollout.decoding import SampleText, SamplingParams, StopChecker, next_tokens
+from temper.rollout.decoding import SampleText, SamplingParams, StopChecker
 from temper.rollout.errors import EngineClosed
 from temper.rollout.fast import SpeculativeDecoder
-from temper.rollout.kv_cache import PrefixKVCache, cache_from, kv_of
+from temper.rollout.kv_cache import PrefixKVCache, cache_from, cache_over, kv_buffer, kv_of
 from temper.rollout.mixed import Segment, mixed_forward, supports
+from temper.rollout.prefill_worker import PrefillWorker
 from temper.rollout.requests import (  # noqa: F401 (re-exported: the engine's public types)
     Delta,
     EngineRequest,
@@ -45,6 +46,7 @@ from temper.rollout.requests import (  # noqa: F401 (re-exported: the engine's p
     Sink,
 )
 from temper.rollout.scheduler import Lane, Scheduler, StepEvent
+from temper.rollout.standard import StandardDecoder
 
 log = logging.getLogger(__name__)
 
@@ -73,13 +75,22 @@ class Engine:
             self.decoder = StandardDecoder(self)
         # one forward per step over all running requests (see scheduler.py and mixed.py)
         self.mixed = config.mixed_batches and isinstance(self.decoder, StandardDecoder) and supports(self.model)
+        # lanes with prefill_process: their prompts are prefilled by a worker process (prefill_worker.py) from
+        # model_dir's weights, so only when this engine's model came from there (not a live policy)
+        self.prefill_worker = None
+        if self.mixed and model is None and any(lane.prefill_process for lane in config.lanes):
+            self.prefill_worker = PrefillWorker(config.model_dir, config.dtype, config.prefill_process_threads,
+                                                self._from_worker)
+        self._worker_messages: deque[tuple] = deque()
+        self._remote: dict[str, EngineRequest] = {}  # requests whose prompt the worker holds, by id
         self.step_log: deque[StepEvent] = deque(maxlen=config.step_log_size)
         self.steps = 0
         self.busy_s = 0.0  # seconds spent in forwards (benchmarks: the engine's busy share of a window)
         # prompt_tokens: prompt tokens of every sample (a group of n counts n prompts); reused: those no
         # prefill forward computed (prefix-cache hits, and the n - 1 copies a group shares); see prompt_reuse()
         self.counters = {"prefill_tokens": 0, "decode_tokens": 0, "requests": 0, "errors": 0, "forwards": 0,
-                         "prompt_tokens": 0, "prefix_hit_tokens": 0, "group_shared_tokens": 0}
+                         "prompt_tokens": 0, "prefix_hit_tokens": 0, "group_shared_tokens": 0,
+                         "worker_prefill_tokens": 0}
         self._ids = itertools.count()
         self._lock = threading.RLock()
         self._wake = threading.Condition(self._lock)
@@ -132,10 +143,12 @@ class Engine:
             for req in self.scheduler.promote():
                 self._begin(req)
             if self.mixed:
+                self._take_worker_messages()
                 for lane in self.scheduler.lanes:
                     for req in [r for r in lane.running if r.cancelled]:
                         self._finish(req, error="cancelled")
-                plan = self.scheduler.plan_forward(self.config.forward_token_budget, self._cached_prefix)
+                plan = self.scheduler.plan_forward(self.config.forward_token_budget, self._cached_prefix,
+                                                   remote=self.prefill_worker is not None)
         if self.mixed:
             t0 = time.perf_counter()
             units = self._run_mixed(plan)
@@ -159,7 +172,8 @@ class Engine:
         for _ in range(max_steps):
             if not self.scheduler.has_work:
                 return
-            self.step()
+            if self.step() == 0:
+                self._idle_wait()
         raise RuntimeError(f"engine still busy after {max_steps} steps")
 
     def start(self) -> Engine:
@@ -175,6 +189,8 @@ class Engine:
         if self._thread is not None:
             self._thread.join(timeout=30)
             self._thread = None
+        if self.prefill_worker is not None:
+            self.prefill_worker.close()
         with self._lock:
             for lane in self.scheduler.lanes:
                 for req in list(lane.queue) + list(lane.running):
@@ -188,10 +204,60 @@ class Engine:
                 if self._closed:
                     return
             try:
-                self.step()
+                if self.step() == 0:
+                    self._idle_wait()
             except Exception:  # a bug in the loop must not kill serving silently
                 log.exception("rollout engine step failed")
                 time.sleep(0.1)
+
+    def _idle_wait(self) -> None:
+        """Nothing could run this step (the prefill worker holds every prompt): sleep until it reports."""
+        with self._lock:
+            if not self._worker_messages and not self._closed:
+                self._wake.wait(timeout=0.05)
+
+    # -- the prefill worker (lanes with prefill_process) -------------------------------------------
+    def _from_worker(self, msg: tuple) -> None:
+        """Called on the worker's reader thread: queue the message for the engine thread, wake it. A finished
+        prompt's KV goes into the prefix cache here, so its copy does not stall the engine's forwards."""
+        req = self._remote.get(msg[1])
+        if msg[0] == "done" and req is not None and self.prefix_cache is not None:
+            n = len(req.prompt)
+            self.prefix_cache.insert(req.prompt, [(layer[0][..., :n, :], layer[1][..., :n, :]) for layer in msg[2]])
+        with self._lock:
+            self._worker_messages.append(msg)
+            self._wake.notify_all()
+
+    def _take_worker_messages(self) -> None:
+        """(lock held) Progress, finished prompts (their KV becomes the request's cache; it starts decoding in
+        this step's forward) and failures reported by the worker."""
+        running = {r.id: r for lane in self.scheduler.lanes for r in lane.running if r.remote_prefill}
+        while self._worker_messages:
+            kind, rid, *rest = self._worker_messages.popleft()
+            if kind != "progress":
+                self._remote.pop(rid, None)
+            req = running.get(rid)
+            if req is None or req.state != "prefill":
+                continue  # finished meanwhile (cancelled, engine shut down)
+            if kind == "error":
+                self.counters["errors"] += 1
+                self._finish(req, error=rest[0])
+                continue
+            done = rest[0] if kind == "progress" else len(req.prompt)
+            self.counters["prefill_tokens"] += done - req.prefilled
+            self.counters["worker_prefill_tokens"] += done - req.prefilled
+            self._log(req, "prefill", done - req.prefilled, f"{done}/{len(req.prompt)} (worker)")
+            req.prefilled = done
+            if kind == "done":
+                buffer, logits = rest
+                req.remote_prefill = False
+                req.cache = cache_over(buffer, len(req.prompt), self.model.config)
+                try:
+                    self._prefilled(req, logits, cached=True)
+                except Exception as e:
+                    self._failed(req, e)
+                    continue
+                self._finish_if_done(req)
 
     # -- convenience: blocking generation --------------------------------------------------------
     def generate(self, prompts: list[list[int]] | list[str], params: SamplingParams,
@@ -236,12 +302,26 @@ class Engine:
     def _cached_prefix(self, tokens: list[int]) -> int:
         return self.prefix_cache.peek(tokens) if self.prefix_cache is not None else len(tokens)
 
-    def _start_prefill(self, req: EngineRequest) -> None:
+    def _start_prefill(self, req: EngineRequest, remote: bool = False) -> None:
         """At the request's first prefill chunk (not at admission: a request ahead of it may be about to
-        cache the prefix they share): the longest cached prefix of its prompt, and the reuse counters."""
+        cache the prefix they share): the longest cached prefix of its prompt, and the reuse counters.
+        ``remote``: the prefill worker gets the prompt and the hit's KV; the request has no cache until it
+        returns the whole prompt's."""
         hit = self.prefix_cache.match(req.prompt, max_length=len(req.prompt) - 1) if self.prefix_cache else None
-        req.cache = cache_from(hit.kv if hit else None, self.model.config,
-                               reserve=len(req.prompt) + min(req.params.max_tokens, 512))
+        capacity = len(req.prompt) + min(req.params.max_tokens, 512)
+        if remote:
+            buffer = None
+            if hit is not None and hit.length:
+                buffer = kv_buffer(self.model.config, capacity, self.model.dtype)
+                for i, (k, v) in enumerate(hit.kv):
+                    buffer[i, 0, ..., :hit.length, :] = k
+                    buffer[i, 1, ..., :hit.length, :] = v
+            self.prefill_worker.submit(req.id, req.prompt, hit.length if hit else 0, buffer, capacity,
+                                       self.scheduler.by_name[req.lane].config.prefill_chunk_tokens)
+            self._remote[req.id] = req
+            req.remote_prefill = True
+        else:
+            req.cache = cache_from(hit.kv if hit else None, self.model.config, reserve=capacity)
         req.prefilled = req.cached_tokens = hit.length if hit else 0
         n = req.params.n
         self.counters["prompt_tokens"] += len(req.prompt) * n
@@ -257,6 +337,13 @@ class Engine:
                 with self._lock:
                     self._finish(req, error="cancelled")
                 continue
+            if kind == "remote":
+                with self._lock:
+                    try:
+                        self._start_prefill(req, remote=True)
+                    except Exception as e:
+                        self._failed(req, e)
+                continue
             if kind == "decode":
                 segments.append(Segment(req.cache, [[req.samples[i].token_ids[-1]] for i in req.active],
                                         req.cache.get_seq_length()))
@@ -268,7 +355,7 @@ class Engine:
                 segments.append(Segment(req.cache, [req.prompt[lo:lo + n]], lo, want_logits=lo + n == len(req.prompt)))
             items.append((req, kind, n))
         if not items:
-            return 0
+            return sum(kind == "remote" for _, kind, _ in plan)
         try:
             logits = mixed_forward(self.model, segments)
         except Exception as e:
@@ -308,9 +395,10 @@ class Engine:
             with self._lock:
                 self._finish(req)
 
-    def _prefilled(self, req: EngineRequest, logits: torch.Tensor) -> None:
-        """The prompt's KV is complete: keep it in the prefix cache, start decoding from its last logits."""
-        if self.prefix_cache is not None:
+    def _prefilled(self, req: EngineRequest, logits: torch.Tensor, cached: bool = False) -> None:
+        """The prompt's KV is complete: keep it in the prefix cache (unless ``cached`` already), start decoding
+        from its last logits."""
+        if self.prefix_cache is not None and not cached:
             self.prefix_cache.insert(req.prompt, kv_of(req.cache, 0))
         req.state = "decode"
         self.decoder.begin(req, logits)
@@ -356,6 +444,10 @@ class Engine:
         """Remove from its lane and tell the sink; called with the lock held."""
         if req.state == "done":
             return
+        if req.remote_prefill:
+            self.prefill_worker.cancel(req.id)
+            self._remote.pop(req.id, None)
+            req.remote_prefill = False
         self.scheduler.remove(req)
         req.state = "done"
         req.cache = None
@@ -419,51 +511,9 @@ class Engine:
             return {"steps": self.steps, **self.counters, "lanes": self.scheduler.depth(),
                     "prefix_cache": self.prefix_cache.stats() if self.prefix_cache else None,
                     "prompt_reuse": self.prompt_reuse(), "mixed_batches": self.mixed,
+                    "prefill_worker": None if self.prefill_worker is None else
+                    {"pid": self.prefill_worker.pid, "starts": self.prefill_worker.starts},
                     "profile": self.config.profile}
-
-
-class StandardDecoder:
-    """All samples of a request decode together: one forward per step over ``len(active)`` rows."""
-
-    needs_prefill = True
-    supports_logprobs = True
-
-    def __init__(self, engine: Engine) -> None:
-        self.engine = engine
-
-    def begin(self, req: EngineRequest, logits: torch.Tensor) -> None:
-        n = req.params.n
-        if n > 1:
-            req.cache.batch_repeat_interleave(n)
-        req.active = list(range(n))
-        self._advance(req, *next_tokens(logits.expand(n, -1), req.params, req.generator))
-
-    @torch.no_grad()
-    def step(self, req: EngineRequest) -> None:
-        e = self.engine
-        rows = len(req.active)
-        last = torch.tensor([[req.samples[i].token_ids[-1]] for i in req.active])
-        pos = torch.full((rows, 1), req.cache.get_seq_length())
-        out = e.model(input_ids=last, cache=req.cache, position_ids=pos, use_cache=True)
-        e._log(req, "decode", rows)
-        self.advance(req, out.logits[:, -1])
-
-    def advance(self, req: EngineRequest, logits: torch.Tensor) -> None:
-        """Sample each active row's next token from ``logits`` [rows, vocab] (a decode forward's output)."""
-        self._advance(req, *next_tokens(logits, req.params, req.generator))
-
-    def _advance(self, req: EngineRequest, tokens: list[int], logprobs: list[float] | None) -> None:
-        keep = []
-        for row, (index, tok) in enumerate(zip(req.active, tokens)):
-            self.engine.accept(req, index, [tok], None if logprobs is None else [logprobs[row]])
-            if req.samples[index].finished:
-                self.engine.cache_completion(req, index, kv_of(req.cache, row))
-            else:
-                keep.append(row)
-        if len(keep) < len(req.active):
-            if keep:
-                req.cache.batch_select_indices(torch.tensor(keep))
-            req.active = [req.active[r] for r in keep]
 
 
 def _eos_ids(model, tokenizer) -> set[int]:

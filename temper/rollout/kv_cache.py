@@ -267,9 +267,7 @@ def _growable_layer_class():
 _GROWABLE = None
 
 
-def cache_from(kv: LayerKV | None, config, reserve: int = 0):
-    """A ``DynamicCache`` of growable full-attention layers with room for ``reserve`` positions, pre-filled
-    with ``kv`` (or empty)."""
+def _growable_cache(config):
     global _GROWABLE
     # lazy: transformers (800 ms) would load in fast unit tests (test_rollout_kv_cache.py)
     from transformers import DynamicCache
@@ -278,6 +276,35 @@ def cache_from(kv: LayerKV | None, config, reserve: int = 0):
         _GROWABLE = _growable_layer_class()
     cache = DynamicCache(config=config)
     cache.layers = [_GROWABLE() for _ in cache.layers]
+    return cache
+
+
+def kv_buffer(config, capacity: int, dtype: torch.dtype) -> torch.Tensor:
+    """Room for ``capacity`` positions of every layer's K and V in one tensor, [layers, 2, 1, kv_heads,
+    capacity, head_dim], in shared memory: ``cache_over`` makes a cache that appends into it, and a process
+    can hand it to another without a copy (the prefill worker's prompt KV)."""
+    heads = getattr(config, "num_key_value_heads", None) or config.num_attention_heads
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    return torch.empty(config.num_hidden_layers, 2, 1, heads, capacity, head_dim, dtype=dtype).share_memory_()
+
+
+def cache_over(buffer: torch.Tensor, length: int, config):
+    """A cache whose layers read and append into ``buffer`` (``kv_buffer``'s layout), positions [0, length)
+    already filled. Past the buffer's capacity a layer grows into a buffer of its own, as any other."""
+    cache = _growable_cache(config)
+    for i, layer in enumerate(cache.layers):
+        k, v = buffer[i, 0], buffer[i, 1]
+        layer.lazy_initialization(k, v)
+        layer._kbuf, layer._vbuf = k, v
+        layer.keys = layer._kview = k[..., :length, :]
+        layer.values = v[..., :length, :]
+    return cache
+
+
+def cache_from(kv: LayerKV | None, config, reserve: int = 0):
+    """A ``DynamicCache`` of growable full-attention layers with room for ``reserve`` positions, pre-filled
+    with ``kv`` (or empty)."""
+    cache = _growable_cache(config)
     for layer in cache.layers:
         layer.reserve = reserve
     for layer, (k, v) in zip(cache.layers, kv or []):

@@ -58,6 +58,7 @@ class EngineRequest:
     generator: torch.Generator | None = None
     stopper: StopChecker | None = None
     cancelled: bool = False
+    remote_prefill: bool = False  # the prefill worker process holds its prompt (prefill_worker.py)
     submitted_at: float = field(default_factory=time.perf_counter)
     first_token_at: float | None = None
 
@@ -92,3 +93,5 @@ class DecoderHost(Protocol):
                logprobs: list[float] | None = None) -> None: ...
 
     def _log(self, req: EngineRequest, kind: str, tokens: int, detail: str = "") -> None: ...
+
+    def cache_completion(self, req: EngineRequest, index: int, kv) -> None: ...
