@@ -14,27 +14,31 @@ Ratios per repeat: short p50 and p99 mixed / short only; long throughput mixed /
 Goals (issue 18): median over >= 5 repeats of both short ratios <= 1.25 with the worst repeat
 <= 1.5 (1.25 x 1.2 would be stricter; the issue's "worst repeat within 1.5x" is read as the ratio
 itself <= 1.5), and long throughput ratio median >= 0.7 with the worst >= 0.7 / 1.5. Setups:
-- "mixed batches" (the engine's default): one forward per step over every running request, decode
-  rows first, then prefill chunks under the per-forward token budget (temper/rollout/scheduler.py).
-- "lanes, per-request" (the previous default): one forward per request, long lane time-shared at 10%.
+- "mixed batches" (the engine's default): one forward per step over every running request; the long
+  lane (prompts over 2048 tokens) has ``prefill_process``: its prompts are prefilled by a worker
+  process on the other core, 256 tokens per forward, and decoded in the engine's forwards
+  (temper/rollout/prefill_worker.py).
+- "mixed batches, long prefill in the engine": the same, but the long lane's prompts are prefilled in
+  64-token chunks inside the engine's forwards, beside the short requests' decode rows.
+- "lanes, per-request" (the default before mixed batches): one forward per request, long lane
+  time-shared at 10%.
 - "FIFO": one lane, one forward per request, long prompts prefilled unchunked.
 The baselines run ``--baseline-repeats`` times (default 2) to keep the whole run near 10 minutes.
 
 Reading the table: "busy, short only" is the share of the short-only window the engine spent in
 forwards. On a CPU a prefill chunk costs about as much inside a mixed forward as alone (prefill is
-compute-bound; measured on this model, 1 thread, min of 15 at load ~6: 8 requests' decode rows 3.8 ms, a 64-token chunk at 1k
-context 4.9 ms, both in one forward 8.7 ms), so sharing a forward saves only its fixed overhead
-(~0.9 ms). Then every long token in a short request's forward lengthens it (short ratio up), and the
-long stream can get little more than the 1 - busy share the shorts leave (long ratio down): with
-busy above ~0.3 both goals cannot hold at once, whatever the schedule. The long lane's
-prefill_chunk_tokens (``--long-chunk``) moves the point between the two (smaller: shorts faster, long
-slower). On a GPU (vLLM) decode is memory-bound and a chunk rides along almost free, which is what
-the issue's goals assume.
+compute-bound; measured on this model, 1 thread: 8 requests' decode rows 3.8 ms, a 64-token chunk at
+1k context 4.9 ms, both in one forward 8.7 ms), so on one core every long token in a short request's
+forward lengthens it, and the long stream gets little more than the 1 - busy share the shorts leave:
+both goals cannot hold at once, whatever the schedule (the second setup shows it). With the long
+lane's prefill in its own process each kind of work has a core; what is left between them is the
+long requests' few decode rows in the engine's forwards, and the machine's shared caches and memory.
 
 The model is random (``init_tiny``, 128 hidden x 4 layers, 4k+ positions): speeds are real, text is
-not. Prefix cache off, so every long request is a fresh long prefill. Ratios are against baselines
-measured in the same repeat, so slow drifts of the machine's load cancel; a busy machine still makes
-the spread wide: run on a quiet one for the numbers that count (the load average is printed).
+not. The engine runs 1 torch thread and the prefill worker 1 (2 cores); the request drivers are
+threads of the same process. Prefix cache off, so every long request is a fresh long prefill. Ratios
+are against baselines measured in the same repeat, so slow drifts of the machine's load cancel; a busy
+machine still makes the spread wide: run on a quiet one (the load average is printed).
 
 Run: PYTHONPATH=. .venv/bin/python benchmarks/mixed_load.py [--quick] [--out benchmarks/results/mixed_load.md]
 """
@@ -55,6 +59,15 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 SHORT_GOAL, WORST_SHORT, LONG_GOAL, WORST_LONG = 1.25, 1.5, 0.7, 0.7 / 1.5
+
+
+def _commit() -> str:
+    import subprocess
+
+    out = subprocess.run(["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"], capture_output=True, text=True)
+    dirty = subprocess.run(["git", "-C", str(REPO), "status", "--porcelain", "--untracked-files=no"],
+                           capture_output=True, text=True).stdout.strip()
+    return (out.stdout.strip() or "unknown") + (" (with uncommitted changes)" if dirty else "")
 
 
 def _pct(xs: list[float], q: float) -> float:
@@ -142,12 +155,12 @@ class Runner:
             time.sleep(0.01)
 
 
-def one_repeat(runner: Runner, args, seed: int) -> dict[str, float]:
+def one_repeat(runner: Runner, args, seed: int, shorts: int) -> dict[str, float]:
     cap = runner.capacity(args.concurrency, args.capacity_requests)
     rate = args.load * cap
     rng = random.Random(seed)
     arrivals, t = [], 0.0
-    for _ in range(args.shorts):
+    for _ in range(shorts):
         t += rng.expovariate(rate)
         arrivals.append(t)
     window = arrivals[-1]
@@ -237,7 +250,9 @@ def main() -> int:
     ap.add_argument("--quick", action="store_true", help="2 repeats, 1 baseline repeat, fewer requests (development)")
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--baseline-repeats", type=int, default=2, help="repeats of the two baselines (0 = skip them)")
-    ap.add_argument("--shorts", type=int, default=300, help="short requests per open-loop window")
+    ap.add_argument("--shorts", type=int, default=1000,
+                    help="short requests per open-loop window (p99 of 1000 rests on its 10 slowest)")
+    ap.add_argument("--baseline-shorts", type=int, default=200, help="the same for the two baselines (slow ones)")
     ap.add_argument("--short-tokens", type=int, default=16)
     ap.add_argument("--long-len", type=int, default=4096,
                     help="long prompt tokens (above the default short lane's 2048, so they go to the long lane)")
@@ -247,7 +262,7 @@ def main() -> int:
     ap.add_argument("--capacity-requests", type=int, default=96)
     ap.add_argument("--only", default=None, help="run one setup by name")
     ap.add_argument("--threads", type=int, default=1,
-                    help="torch threads of the engine (1 leaves the other core to the request drivers)")
+                    help="torch threads of the engine (1: the prefill worker has the other core)")
     ap.add_argument("--long-chunk", type=int, default=None,
                     help="the long lane's prefill_chunk_tokens (its share of each mixed forward); default: the "
                          "engine's default lanes")
@@ -256,6 +271,7 @@ def main() -> int:
     args = ap.parse_args()
     if args.quick:
         args.repeats, args.baseline_repeats, args.shorts, args.capacity_requests = 2, 1, 24, 32
+        args.baseline_shorts = 24
         args.long_len = min(args.long_len, 3072)
 
     from temper.rollout.config import EngineConfig
@@ -265,9 +281,10 @@ def main() -> int:
     started = time.time()
     load0 = os.getloadavg()
     lines = [f"# Long and short traffic together ({time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())})\n",
-             f"Command: `{' '.join(sys.argv)}`  ",
+             f"Command: `{' '.join(sys.argv)}` at commit {_commit()}  ",
              f"Load average at start: {load0[0]:.1f} / {load0[1]:.1f} / {load0[2]:.1f} on {os.cpu_count()} cores  ",
-             f"Short: ~{args.short_tokens} new tokens, Poisson at {args.load} x capacity, {args.shorts} per window; "
+             f"Short: ~{args.short_tokens} new tokens, Poisson at {args.load} x capacity, {args.shorts} per window "
+             f"({args.baseline_shorts} for the per-request and FIFO baselines); "
              f"long: {args.long_len}-token prompts, {args.long_streams} in flight, 4 new tokens; random 128x4 model."]
     with tempfile.TemporaryDirectory() as d:
         model = init_tiny(Path(d) / "m", hidden=128, layers=4, heads=4, max_positions=args.long_len + 256, seed=0)
@@ -275,7 +292,9 @@ def main() -> int:
         for name, kw in setups(args.long_len, args.long_chunk, args.budget).items():
             if args.only and name != args.only:
                 continue
+            main = name.startswith("mixed batches")
             repeats = args.repeats if name == "mixed batches" else args.baseline_repeats
+            n_shorts = args.shorts if main else args.baseline_shorts
             if repeats <= 0:
                 continue
             e = Engine(EngineConfig(model_dir=model, torch_threads=args.threads, **kw)).start()
@@ -289,7 +308,7 @@ def main() -> int:
                 e.generate([[5 + i % 90 for i in range(args.long_len)]], runner.long_params)  # starts the prefill worker
                 rows = []
                 for r in range(repeats):
-                    rows.append(one_repeat(runner, args, seed=r))
+                    rows.append(one_repeat(runner, args, seed=r, shorts=n_shorts))
                     x = rows[-1]
                     print(f"{name} repeat {r + 1}: p50 {x['p50_ratio']:.2f}x p99 {x['p99_ratio']:.2f}x "
                           f"long {x['long_ratio']:.2f}x (capacity {x['capacity']:.1f}/s, load "

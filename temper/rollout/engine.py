@@ -34,9 +34,10 @@ from temper.rollout.config import EngineConfig
 from temper.rollout.decoding import SampleText, SamplingParams, StopChecker
 from temper.rollout.errors import EngineClosed
 from temper.rollout.fast import SpeculativeDecoder
-from temper.rollout.kv_cache import PrefixKVCache, cache_from, cache_over, kv_buffer, kv_of
+from temper.rollout.kv_cache import PrefixKVCache, cache_from, kv_of
 from temper.rollout.mixed import Segment, mixed_forward, supports
-from temper.rollout.prefill_worker import PrefillWorker
+from temper.rollout.prefill_worker import usable_cpus
+from temper.rollout.remote_prefill import RemotePrefills
 from temper.rollout.requests import (  # noqa: F401 (re-exported: the engine's public types)
     Delta,
     EngineRequest,
@@ -76,13 +77,12 @@ class Engine:
         # one forward per step over all running requests (see scheduler.py and mixed.py)
         self.mixed = config.mixed_batches and isinstance(self.decoder, StandardDecoder) and supports(self.model)
         # lanes with prefill_process: their prompts are prefilled by a worker process (prefill_worker.py) from
-        # model_dir's weights, so only when this engine's model came from there (not a live policy)
-        self.prefill_worker = None
-        if self.mixed and model is None and any(lane.prefill_process for lane in config.lanes):
-            self.prefill_worker = PrefillWorker(config.model_dir, config.dtype, config.prefill_process_threads,
-                                                self._from_worker)
-        self._worker_messages: deque[tuple] = deque()
-        self._remote: dict[str, EngineRequest] = {}  # requests whose prompt the worker holds, by id
+        # model_dir's weights, so only when this engine's model came from there (not a live policy), and only
+        # with a core for it (on one CPU the two processes would take turns: no gain, the worker's memory spent)
+        self.remote: RemotePrefills | None = None
+        if (self.mixed and model is None and any(lane.prefill_process for lane in config.lanes)
+                and usable_cpus() >= 2):
+            self.remote = RemotePrefills(self)
         self.step_log: deque[StepEvent] = deque(maxlen=config.step_log_size)
         self.steps = 0
         self.busy_s = 0.0  # seconds spent in forwards (benchmarks: the engine's busy share of a window)
@@ -143,12 +143,13 @@ class Engine:
             for req in self.scheduler.promote():
                 self._begin(req)
             if self.mixed:
-                self._take_worker_messages()
+                if self.remote is not None:
+                    self.remote.take()
                 for lane in self.scheduler.lanes:
                     for req in [r for r in lane.running if r.cancelled]:
                         self._finish(req, error="cancelled")
                 plan = self.scheduler.plan_forward(self.config.forward_token_budget, self._cached_prefix,
-                                                   remote=self.prefill_worker is not None)
+                                                   remote=self.remote is not None)
         if self.mixed:
             t0 = time.perf_counter()
             units = self._run_mixed(plan)
@@ -189,8 +190,8 @@ class Engine:
         if self._thread is not None:
             self._thread.join(timeout=30)
             self._thread = None
-        if self.prefill_worker is not None:
-            self.prefill_worker.close()
+        if self.remote is not None:
+            self.remote.close()
         with self._lock:
             for lane in self.scheduler.lanes:
                 for req in list(lane.queue) + list(lane.running):
@@ -213,51 +214,8 @@ class Engine:
     def _idle_wait(self) -> None:
         """Nothing could run this step (the prefill worker holds every prompt): sleep until it reports."""
         with self._lock:
-            if not self._worker_messages and not self._closed:
+            if not (self.remote and self.remote.messages) and not self._closed:
                 self._wake.wait(timeout=0.05)
-
-    # -- the prefill worker (lanes with prefill_process) -------------------------------------------
-    def _from_worker(self, msg: tuple) -> None:
-        """Called on the worker's reader thread: queue the message for the engine thread, wake it. A finished
-        prompt's KV goes into the prefix cache here, so its copy does not stall the engine's forwards."""
-        req = self._remote.get(msg[1])
-        if msg[0] == "done" and req is not None and self.prefix_cache is not None:
-            n = len(req.prompt)
-            self.prefix_cache.insert(req.prompt, [(layer[0][..., :n, :], layer[1][..., :n, :]) for layer in msg[2]])
-        with self._lock:
-            self._worker_messages.append(msg)
-            self._wake.notify_all()
-
-    def _take_worker_messages(self) -> None:
-        """(lock held) Progress, finished prompts (their KV becomes the request's cache; it starts decoding in
-        this step's forward) and failures reported by the worker."""
-        running = {r.id: r for lane in self.scheduler.lanes for r in lane.running if r.remote_prefill}
-        while self._worker_messages:
-            kind, rid, *rest = self._worker_messages.popleft()
-            if kind != "progress":
-                self._remote.pop(rid, None)
-            req = running.get(rid)
-            if req is None or req.state != "prefill":
-                continue  # finished meanwhile (cancelled, engine shut down)
-            if kind == "error":
-                self.counters["errors"] += 1
-                self._finish(req, error=rest[0])
-                continue
-            done = rest[0] if kind == "progress" else len(req.prompt)
-            self.counters["prefill_tokens"] += done - req.prefilled
-            self.counters["worker_prefill_tokens"] += done - req.prefilled
-            self._log(req, "prefill", done - req.prefilled, f"{done}/{len(req.prompt)} (worker)")
-            req.prefilled = done
-            if kind == "done":
-                buffer, logits = rest
-                req.remote_prefill = False
-                req.cache = cache_over(buffer, len(req.prompt), self.model.config)
-                try:
-                    self._prefilled(req, logits, cached=True)
-                except Exception as e:
-                    self._failed(req, e)
-                    continue
-                self._finish_if_done(req)
 
     # -- convenience: blocking generation --------------------------------------------------------
     def generate(self, prompts: list[list[int]] | list[str], params: SamplingParams,
@@ -309,18 +267,8 @@ class Engine:
         returns the whole prompt's."""
         hit = self.prefix_cache.match(req.prompt, max_length=len(req.prompt) - 1) if self.prefix_cache else None
         capacity = len(req.prompt) + min(req.params.max_tokens, 512)
-        if remote:
-            buffer = None
-            if hit is not None and hit.length:
-                buffer = kv_buffer(self.model.config, capacity, self.model.dtype)
-                for i, (k, v) in enumerate(hit.kv):
-                    buffer[i, 0, ..., :hit.length, :] = k
-                    buffer[i, 1, ..., :hit.length, :] = v
-            self.prefill_worker.submit(req.id, req.prompt, hit.length if hit else 0, buffer, capacity,
-                                       self.scheduler.by_name[req.lane].config.prefill_chunk_tokens)
-            self._remote[req.id] = req
-            req.remote_prefill = True
-        else:
+        chunk = self.scheduler.by_name[req.lane].config.prefill_chunk_tokens
+        if not (remote and self.remote.start(req, hit, capacity, chunk)):
             req.cache = cache_from(hit.kv if hit else None, self.model.config, reserve=capacity)
         req.prefilled = req.cached_tokens = hit.length if hit else 0
         n = req.params.n
@@ -444,10 +392,8 @@ class Engine:
         """Remove from its lane and tell the sink; called with the lock held."""
         if req.state == "done":
             return
-        if req.remote_prefill:
-            self.prefill_worker.cancel(req.id)
-            self._remote.pop(req.id, None)
-            req.remote_prefill = False
+        if self.remote is not None:
+            self.remote.forget(req)
         self.scheduler.remove(req)
         req.state = "done"
         req.cache = None
@@ -511,8 +457,7 @@ class Engine:
             return {"steps": self.steps, **self.counters, "lanes": self.scheduler.depth(),
                     "prefix_cache": self.prefix_cache.stats() if self.prefix_cache else None,
                     "prompt_reuse": self.prompt_reuse(), "mixed_batches": self.mixed,
-                    "prefill_worker": None if self.prefill_worker is None else
-                    {"pid": self.prefill_worker.pid, "starts": self.prefill_worker.starts},
+                    "prefill_worker": self.remote.stats() if self.remote is not None else None,
                     "profile": self.config.profile}
 
 

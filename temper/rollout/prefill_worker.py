@@ -20,13 +20,16 @@ benchmark's model, measured. The worker loads its own copy of the weights from `
 serves engines that loaded their model from there, never a live policy whose weights change between
 steps (the engine checks).
 
-This module is plain torch + transformers; it knows nothing of lanes or sampling.
+This module is the process and its client (plain torch + transformers; nothing of lanes or sampling);
+``remote_prefill.py`` is the engine's bookkeeping of the prompts the worker holds.
 """
 
 from __future__ import annotations
 
 import logging
+import os
 import queue
+import shutil
 import threading
 from collections import deque
 from collections.abc import Callable
@@ -37,6 +40,26 @@ import torch
 import torch.multiprocessing as tmp
 
 log = logging.getLogger(__name__)
+
+
+def usable_cpus() -> float:
+    """CPUs this process may use: its affinity, capped by a cgroup v2 quota (a Kubernetes CPU limit)."""
+    cpus = float(len(os.sched_getaffinity(0)))
+    try:
+        quota, period = open("/sys/fs/cgroup/cpu.max").read().split()
+        if quota != "max":
+            cpus = min(cpus, int(quota) / int(period))
+    except (OSError, ValueError):
+        pass
+    return cpus
+
+
+def shm_free_bytes() -> int:
+    """Room left in /dev/shm, where the KV buffers live (a pod's is its ``shm_size`` emptyDir)."""
+    try:
+        return shutil.disk_usage("/dev/shm").free
+    except OSError:
+        return 0
 
 
 @dataclass
@@ -79,11 +102,16 @@ def serve(model_dir: str, dtype: str, threads: int, inbox, outbox) -> None:
             jobs.append(_Job(rid, prompt, start, chunk, buffer, cache_over(buffer, start, model.config)))
         return True
 
+    parent = os.getppid()
     while True:
         try:
-            msg = inbox.get() if not jobs else inbox.get_nowait()
+            msg = inbox.get(timeout=1.0) if not jobs else inbox.get_nowait()
         except queue.Empty:
+            if os.getppid() != parent:
+                return  # the engine's process is gone (killed): nothing will read what this computes
             msg = None
+            if not jobs:
+                continue
         if msg is not None:
             if not handle(msg):
                 return

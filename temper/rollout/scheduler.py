@@ -166,7 +166,8 @@ class Scheduler:
         of being computed twice in the same forwards. With ``remote``, a lane with ``prefill_process``
         takes no budget: each of its requests not yet started is planned once as ``"remote"`` (its whole
         unprefilled prompt, for the prefill worker), under the same wait rule; requests the worker holds
-        (``remote_prefill``) are skipped. Requests need ``state``, ``active``, ``prompt``, ``prefilled``,
+        (``remote_prefill``) are skipped, and one the engine started itself instead (it has a cache) is
+        chunked like any other. Requests need ``state``, ``active``, ``prompt``, ``prefilled``,
         ``cache``, ``remote_prefill``.
         """
         plan: list[tuple[Any, str, int]] = []
@@ -189,10 +190,13 @@ class Scheduler:
                     if shared >= WAIT_FOR_SHARED_TOKENS + cached_prefix(req.prompt):
                         continue  # starts once the one ahead has cached what they share
                 ahead.append(req)
-                if elsewhere:
-                    if not started:
-                        plan.append((req, "remote", len(req.prompt) - req.prefilled))
+                if elsewhere and req.remote_prefill:
                     continue
+                if elsewhere and not started:
+                    plan.append((req, "remote", len(req.prompt) - req.prefilled))
+                    continue
+                # (a request the engine chose to prefill itself, e.g. no room for its KV in shared memory, has
+                # a cache: it is chunked into the forwards below like any other)
                 room = min(quota, budget - used)
                 if room <= 0:
                     break

@@ -12,8 +12,12 @@ import pytest
 
 from temper.rollout.config import EngineConfig, LaneConfig
 from temper.rollout.decoding import SamplingParams
+from temper.rollout import remote_prefill
 from temper.rollout.engine import Engine, Finished
+from temper.rollout.prefill_worker import usable_cpus
 from temper.training.tiny import init_tiny
+
+pytestmark = pytest.mark.skipif(usable_cpus() < 2, reason="the prefill worker needs a second CPU (engine.py)")
 
 GREEDY = SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True)
 DOC = [5 + (i * 7) % 90 for i in range(300)]
@@ -106,8 +110,24 @@ def test_a_cancelled_prompt_leaves_the_worker_and_an_engine_over_a_live_model_pr
         e.close()
     live = Engine(e.config, model=e.model, tokenizer=e.tokenizer)  # weights that may change: no worker copy
     try:
-        assert live.prefill_worker is None
+        assert live.remote is None
         assert live.generate([DOC + [9, 10, 11]], GREEDY)[0].error is None
         assert live.counters["worker_prefill_tokens"] == 0
     finally:
         live.close()
+
+
+def test_a_prompt_whose_kv_does_not_fit_in_shared_memory_is_prefilled_by_the_engine(model_dir, monkeypatch, caplog):
+    monkeypatch.setattr(remote_prefill, "shm_free_bytes", lambda: 4096)  # a full /dev/shm: 4 kB left
+    e = _engine(model_dir, True)
+    try:
+        out = e.generate([DOC + [9, 10, 11]], GREEDY)[0]
+        assert e.counters["worker_prefill_tokens"] == 0 and e.stats()["prefill_worker"]["starts"] == 0
+    finally:
+        e.close()
+    plain = _engine(model_dir, False)
+    try:
+        assert out.error is None and out.token_ids == plain.generate([DOC + [9, 10, 11]], GREEDY)[0].token_ids
+    finally:
+        plain.close()
+    assert "does not fit twice in /dev/shm" in caplog.text
