@@ -108,7 +108,9 @@ class EngineConfig(BaseModel):
         description="Mixed batches: most new tokens in one forward. Decode rows always run (never wait); "
                     "prefill chunks fill what is left, lane by lane, each lane at most its prefill_chunk_tokens.")
     prefill_process_threads: int = Field(
-        default=1, ge=1, description="torch threads of the prefill worker process (lanes with prefill_process).")
+        default=1, ge=1,
+        description="torch threads of the prefill worker process (lanes with prefill_process). With torch_threads, "
+                    "keep the two at most the machine's CPUs (on 2 cores: 1 and 1), or they take turns on a core.")
     step_log_size: int = Field(default=10_000, ge=0, description="Scheduler steps kept in the in-memory step log.")
 
     @model_validator(mode="after")

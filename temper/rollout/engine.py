@@ -14,9 +14,15 @@ request, lanes taking turns by ``time_share``. ``prompt_reuse()`` counts the pro
 prefill computed (prefix-cache hits, a group's shared rows), logged by GRPO and eval. The prompt's KV, and each finished sample's prompt+completion KV, go into the prefix cache,
 so the next request sharing a system prompt / document / group prompt / episode history skips it.
 
+Lanes with ``prefill_process`` (by default the long lane) are prefilled elsewhere: a worker process
+on the other core fills a shared KV buffer that then becomes the request's cache
+(``remote_prefill.py``, ``prefill_worker.py``), so long prefills never lengthen the short requests'
+forwards.
+
 Threading: ``submit`` may be called from any thread; every forward runs on the engine's own thread
 (``start()``) or, without a thread, on the caller of ``step()`` / ``run_until_idle()`` (tests,
-benchmarks). Outputs go to a per-request ``sink`` callable, called on the engine thread.
+benchmarks), except the prefill worker's. Outputs go to a per-request ``sink`` callable, called on the
+engine thread.
 """
 
 from __future__ import annotations
@@ -212,9 +218,10 @@ class Engine:
                 time.sleep(0.1)
 
     def _idle_wait(self) -> None:
-        """Nothing could run this step (the prefill worker holds every prompt): sleep until it reports."""
+        """Nothing ran this step. When the prefill worker holds prompts, that is what the engine waits for:
+        sleep until it reports (or a request arrives) instead of spinning on the engine's core."""
         with self._lock:
-            if not (self.remote and self.remote.messages) and not self._closed:
+            if self.remote and self.remote.held and not self.remote.messages and not self._closed:
                 self._wake.wait(timeout=0.05)
 
     # -- convenience: blocking generation --------------------------------------------------------
