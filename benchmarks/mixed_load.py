@@ -8,7 +8,8 @@ Per scheduler setup and per repeat, on one engine (thread running, as when servi
 3. long alone: ``--long-streams`` long requests kept in flight for T seconds; long throughput = long
    prompt tokens prefilled per second (a request cut by the window counts what it prefilled).
 4. mixed: the same Poisson arrivals (same seed) and the long stream together, for T seconds.
-5. short only again (same arrivals); the short baseline is both short-only windows' latencies pooled.
+Steps 2-4 run interleaved: T is cut into ``--cycles`` parts, each part run as short only, long alone
+and mixed in alternating order, and each kind's measurements pooled over the parts.
 Ratios per repeat: short p50 and p99 mixed / short only; long throughput mixed / alone.
 
 Goals (issue 18): median over >= 5 repeats of both short ratios <= 1.25 with the worst repeat
@@ -163,18 +164,14 @@ def one_repeat(runner: Runner, args, seed: int, shorts: int) -> dict[str, float]
     for _ in range(shorts):
         t += rng.expovariate(rate)
         arrivals.append(t)
-    window = arrivals[-1]
-    busy0, t0 = runner.e.busy_s, time.perf_counter()
-    print(f"  capacity {cap:.2f} short req/s; arrivals at {rate:.2f}/s over {window:.1f} s", flush=True)
-    alone = runner.open_loop(arrivals)
-    busy = (runner.e.busy_s - busy0) / (time.perf_counter() - t0)  # share of the window the shorts kept it busy
+    print(f"  capacity {cap:.2f} short req/s; arrivals at {rate:.2f}/s over {arrivals[-1]:.1f} s", flush=True)
 
-    def long_for(window_s: float, with_shorts: bool) -> tuple[int, list[float]]:
+    def long_for(part: list[float], with_shorts: bool) -> tuple[int, float, list[float]]:
         stop, reqs = threading.Event(), []
         th = runner.long_stream(args.long_streams, stop, reqs)
         t0 = time.perf_counter()
-        lat = runner.open_loop(arrivals) if with_shorts else []
-        left = t0 + window_s - time.perf_counter()
+        lat = runner.open_loop(part) if with_shorts else []
+        left = t0 + part[-1] - time.perf_counter()
         if left > 0:
             time.sleep(left)
         tokens = runner.long_tokens(reqs)
@@ -182,19 +179,38 @@ def one_repeat(runner: Runner, args, seed: int, shorts: int) -> dict[str, float]
         stop.set()
         th.join()
         runner.cancel(reqs)
-        return tokens / elapsed, lat
+        return tokens, elapsed, lat
 
-    long_alone, _ = long_for(window, False)
-    long_mixed, mixed = long_for(window, True)
-    # the short-only window again, after the mixed one: the baseline pools both, so a drift of the machine's
-    # speed during the repeat moves the baseline with the mixed window instead of landing in the ratio
-    alone += runner.open_loop(arrivals)
-    return {"capacity": cap, "rate": rate, "window": window, "busy": busy,
+    # The window is cut into --cycles parts, each run short only, long alone and mixed, in alternating order
+    # (A L M, then M L A, ...): the machine's speed drifts by tens of percent over tens of seconds, and
+    # interleaving puts every kind of window through the same drift instead of into the ratio.
+    size = -(-len(arrivals) // args.cycles)
+    alone, mixed, busy_s, alone_s = [], [], 0.0, 0.0
+    long_alone, long_mixed = [0, 0.0], [0, 0.0]
+    for c in range(args.cycles):
+        part = arrivals[c * size:(c + 1) * size]
+        if not part:
+            break
+        part = [a - (part[0] - arrivals[0]) for a in part]
+        for kind in ("alone", "long", "mixed") if c % 2 == 0 else ("mixed", "long", "alone"):
+            if kind == "alone":
+                busy0, t0 = runner.e.busy_s, time.perf_counter()
+                alone += runner.open_loop(part)
+                busy_s += runner.e.busy_s - busy0
+                alone_s += time.perf_counter() - t0
+            else:
+                tokens, elapsed, lat = long_for(part, kind == "mixed")
+                mixed += lat
+                acc = long_mixed if kind == "mixed" else long_alone
+                acc[0] += tokens
+                acc[1] += elapsed
+    la, lm = long_alone[0] / long_alone[1], long_mixed[0] / long_mixed[1]
+    return {"capacity": cap, "rate": rate, "window": arrivals[-1], "busy": busy_s / alone_s,
             "p50_alone": statistics.median(alone), "p99_alone": _pct(alone, 0.99),
             "p50_mixed": statistics.median(mixed), "p99_mixed": _pct(mixed, 0.99),
-            "long_alone": long_alone, "long_mixed": long_mixed,
+            "long_alone": la, "long_mixed": lm,
             "p50_ratio": statistics.median(mixed) / statistics.median(alone),
-            "p99_ratio": _pct(mixed, 0.99) / _pct(alone, 0.99), "long_ratio": long_mixed / long_alone}
+            "p99_ratio": _pct(mixed, 0.99) / _pct(alone, 0.99), "long_ratio": lm / la}
 
 
 def setups(long_len: int, long_chunk: int | None, budget: int | None) -> dict[str, dict]:
@@ -253,6 +269,7 @@ def main() -> int:
     ap.add_argument("--shorts", type=int, default=1000,
                     help="short requests per open-loop window (p99 of 1000 rests on its 10 slowest)")
     ap.add_argument("--baseline-shorts", type=int, default=200, help="the same for the two baselines (slow ones)")
+    ap.add_argument("--cycles", type=int, default=4, help="parts of the window, each run short only, long alone, mixed")
     ap.add_argument("--short-tokens", type=int, default=16)
     ap.add_argument("--long-len", type=int, default=4096,
                     help="long prompt tokens (above the default short lane's 2048, so they go to the long lane)")
@@ -271,7 +288,7 @@ def main() -> int:
     args = ap.parse_args()
     if args.quick:
         args.repeats, args.baseline_repeats, args.shorts, args.capacity_requests = 2, 1, 24, 32
-        args.baseline_shorts = 24
+        args.baseline_shorts, args.cycles = 24, 2
         args.long_len = min(args.long_len, 3072)
 
     from temper.rollout.config import EngineConfig
