@@ -39,6 +39,9 @@ from pathlib import Path
 import torch
 import torch.multiprocessing as tmp
 
+from temper.rollout.kv_cache import cache_over, kv_buffer
+from temper.rollout.mixed import Segment, mixed_forward
+
 log = logging.getLogger(__name__)
 
 
@@ -86,10 +89,8 @@ def serve(model_dir: str, dtype: str, threads: int, inbox, outbox) -> None:
     ``("stop",)``. Out: ``("progress", id, done)``, ``("done", id, buffer, logits [1, vocab])``,
     ``("error", id, text)``.
     """
+    # lazy: transformers (800 ms) is only needed in the worker process; the engine imports this module
     from transformers import AutoModelForCausalLM
-
-    from temper.rollout.kv_cache import cache_over, kv_buffer
-    from temper.rollout.mixed import Segment, mixed_forward
 
     torch.set_num_threads(threads)
     os.nice(NICE)
