@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
+import sys
 import threading
 import time
 
@@ -131,3 +133,41 @@ def test_a_prompt_whose_kv_does_not_fit_in_shared_memory_is_prefilled_by_the_eng
     finally:
         plain.close()
     assert "does not fit twice in /dev/shm" in caplog.text
+
+
+def test_the_worker_exits_when_the_engines_process_is_killed(model_dir, tmp_path):
+    """A SIGKILLed server leaves no prefill worker behind (it would hold a core and a copy of the weights)."""
+    script = tmp_path / "serve_once.py"
+    script.write_text(f"""
+import time
+from temper.rollout.config import EngineConfig, LaneConfig
+from temper.rollout.decoding import SamplingParams
+from temper.rollout.engine import Engine
+if __name__ == "__main__":
+    lanes = [LaneConfig(name="short", max_prompt_tokens=64),
+             LaneConfig(name="long", max_prompt_tokens=1000, prefill_process=True)]
+    e = Engine(EngineConfig(model_dir={str(model_dir)!r}, lanes=lanes, torch_threads=1))
+    assert e.generate([[5] * 80], SamplingParams(max_tokens=2, temperature=0.0))[0].error is None
+    print(e.stats()["prefill_worker"]["pid"], flush=True)
+    time.sleep(600)
+""")
+    proc = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True)
+    try:
+        pid = int(proc.stdout.readline())
+        os.kill(pid, 0)  # the worker is alive
+        proc.kill()
+        proc.wait(10)
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and _alive(pid):
+            time.sleep(0.1)
+        assert not _alive(pid), f"prefill worker {pid} outlived its engine's process"
+    finally:
+        proc.kill()
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(")")[-1].split()[0] != "Z"  # a zombie has exited
+    except FileNotFoundError:
+        return False
