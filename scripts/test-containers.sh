@@ -18,14 +18,17 @@ if [ "$(id -u)" != 0 ]; then
 fi
 
 # Debian's podman 4.3 as measured here (../shared/STACK_NOTES.md; with its recommends): runc (crun refuses a hybrid
-# cgroup layout), netavark (the bridge network), catatonit (podman builds the pods' pause image from it).
+# cgroup layout), netavark (the bridge network; its firewall driver runs the iptables binary, which a fresh
+# Debian VM may lack: then every pod fails with "netavark: No such file or directory"), catatonit (podman builds
+# the pods' pause image from it).
 need=()
 for tool in podman runc debootstrap catatonit; do command -v "$tool" >/dev/null || need+=("$tool"); done
 [ -x /usr/lib/podman/netavark ] || need+=(netavark)
+command -v iptables >/dev/null || [ -x /usr/sbin/iptables ] || need+=(iptables)
 if [ ${#need[@]} -gt 0 ]; then
   echo "installing ${need[*]}" >&2
   apt-get update -qq || fail "apt-get update failed: cannot install ${need[*]}"
-  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq podman runc netavark catatonit debootstrap >&2 \
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq podman runc netavark iptables catatonit debootstrap >&2 \
     || fail "could not install ${need[*]} with apt-get"
 fi
 
