@@ -16,10 +16,9 @@ Goals (issue 18): median over >= 5 repeats of both short ratios <= 1.25 with the
 <= 1.5 (1.25 x 1.2 would be stricter; the issue's "worst repeat within 1.5x" is read as the ratio
 itself <= 1.5), and long throughput ratio median >= 0.7 with the worst >= 0.7 / 1.5. Setups:
 - "mixed batches" (the engine's default): one forward per step over every running request; the long
-  lane (prompts over 2048 tokens) has ``prefill_process``: its prompts are prefilled by a worker
-  process on the other core, 256 tokens per forward, and decoded in the engine's forwards
-  (temper/rollout/prefill_worker.py).
-- "mixed batches, long prefill in the engine": the same, but the long lane's prompts are prefilled in
+  lane (prompts over 2048 tokens) has ``own_process``: an engine of its own in another process, on the
+  other core, serves it, 256 prompt tokens per forward (temper/rollout/lane_process.py).
+- "mixed batches, long lane in the engine": the same, but the long lane's prompts are prefilled in
   64-token chunks inside the engine's forwards, beside the short requests' decode rows.
 - "lanes, per-request" (the default before mixed batches): one forward per request, long lane
   time-shared at 10%.
@@ -32,13 +31,13 @@ compute-bound; measured on this model, 1 thread: 8 requests' decode rows 3.8 ms,
 1k context 4.9 ms, both in one forward 8.7 ms), so on one core every long token in a short request's
 forward lengthens it, and the long stream gets little more than the 1 - busy share the shorts leave:
 both goals cannot hold at once, whatever the schedule (the second setup shows it). With the long
-lane's prefill in its own process each kind of work has a core. What is left between them is the
-engine's own share of the long requests: their decode rows (each reads the 4k-token KV, ~16 MB, per
-step) and the worker's progress and done messages. Probed: an outside process running the same
-prefill loop on the other core left short latency at ~1.0x; the engine's worker, 1.14-1.33x.
+lane in its own process each kind of work has a core. (An earlier version moved only the long
+prefill to a worker process and decoded the long requests in the engine's forwards: each decode row
+reads the 4k-token KV, ~16 MB, per step, and short latency stayed 1.14-1.33x in a probe, where an
+outside process running the same prefill loop left it at ~1.0x.)
 
 The model is random (``init_tiny``, 128 hidden x 4 layers, 4k+ positions): speeds are real, text is
-not. The engine runs 1 torch thread and the prefill worker 1 (2 cores); the request drivers are
+not. The engine runs 1 torch thread and the lane process 1 (2 cores); the request drivers are
 threads of the same process. Prefix cache off, so every long request is a fresh long prefill. Ratios
 are against baselines measured in the same repeat, so slow drifts of the machine's load cancel; a busy
 machine still makes the spread wide: run on a quiet one (the load average is printed).
@@ -148,6 +147,11 @@ class Runner:
         return t
 
     def long_tokens(self, reqs: list) -> int:
+        """Long prompt tokens prefilled so far: the lane process's count, or the requests' own in the engine
+        (a request cut by the window counts what it prefilled, in both)."""
+        procs = self.e.stats()["lane_processes"]
+        if procs:
+            return sum(p["prefilled_tokens"] for p in procs.values())
         return sum(r.prefilled for r in reqs)
 
     def cancel(self, reqs: list) -> None:
@@ -170,13 +174,14 @@ def one_repeat(runner: Runner, args, seed: int, shorts: int) -> dict[str, float]
 
     def long_for(part: list[float], with_shorts: bool) -> tuple[int, float, list[float]]:
         stop, reqs = threading.Event(), []
+        before = runner.long_tokens(reqs)
         th = runner.long_stream(args.long_streams, stop, reqs)
         t0 = time.perf_counter()
         lat = runner.open_loop(part) if with_shorts else []
         left = t0 + part[-1] - time.perf_counter()
         if left > 0:
             time.sleep(left)
-        tokens = runner.long_tokens(reqs)
+        tokens = runner.long_tokens(reqs) - before
         elapsed = time.perf_counter() - t0
         stop.set()
         th.join()
@@ -222,13 +227,15 @@ def setups(long_len: int, long_chunk: int | None, budget: int | None) -> dict[st
     lanes = default_lanes()
     if long_chunk:
         lanes[-1] = lanes[-1].model_copy(update={"prefill_chunk_tokens": long_chunk})
+    one_process = default_lanes()
+    one_process[-1] = one_process[-1].model_copy(update={"own_process": False})
     in_engine = default_lanes()
-    in_engine[-1] = in_engine[-1].model_copy(update={"prefill_process": False, "prefill_chunk_tokens": 64})
+    in_engine[-1] = in_engine[-1].model_copy(update={"own_process": False, "prefill_chunk_tokens": 64})
     extra = {"forward_token_budget": budget} if budget else {}
     return {
         "mixed batches": dict(lanes=lanes, prefix_cache=off) | extra,
-        "mixed batches, long prefill in the engine": dict(lanes=in_engine, prefix_cache=off) | extra,
-        "lanes, per-request": dict(lanes=default_lanes(), prefix_cache=off, mixed_batches=False),
+        "mixed batches, long lane in the engine": dict(lanes=in_engine, prefix_cache=off) | extra,
+        "lanes, per-request": dict(lanes=one_process, prefix_cache=off, mixed_batches=False),
         "FIFO": dict(lanes=[LaneConfig(name="all", max_prompt_tokens=long_len + 64, max_running=16,
                                        prefill_chunk_tokens=long_len + 64)], prefix_cache=off, mixed_batches=False),
     }
@@ -281,7 +288,7 @@ def main() -> int:
     ap.add_argument("--capacity-requests", type=int, default=96)
     ap.add_argument("--only", default=None, help="run one setup by name")
     ap.add_argument("--threads", type=int, default=1,
-                    help="torch threads of the engine (1: the prefill worker has the other core)")
+                    help="torch threads of the engine (1: the lane process has the other core)")
     ap.add_argument("--long-chunk", type=int, default=None,
                     help="the long lane's prefill_chunk_tokens (its share of each mixed forward); default: the "
                          "engine's default lanes")
@@ -324,7 +331,7 @@ def main() -> int:
                 shorts = [e.encode(f"user: what is {i} + {i + 7}?\nassistant: ") for i in range(64)]
                 runner = Runner(e, shorts, args.long_len, args.short_tokens)
                 runner.capacity(4, 8)  # warm-up
-                e.generate([[5 + i % 90 for i in range(args.long_len)]], runner.long_params)  # starts the prefill worker
+                e.generate([[5 + i % 90 for i in range(args.long_len)]], runner.long_params)  # starts the lane process
                 rows = []
                 for r in range(repeats):
                     rows.append(one_repeat(runner, args, seed=r, shorts=n_shorts))

@@ -35,19 +35,19 @@ class LaneConfig(BaseModel):
                     "largest fraction of the engine's compute time this lane may take while another lane also "
                     "has work; 1.0 = unlimited (the latency-critical lane). Mixed batches bound a lane by "
                     "prefill_chunk_tokens per forward instead.")
-    prefill_process: bool = Field(
+    own_process: bool = Field(
         default=False,
-        description="Mixed batches: prefill this lane's prompts in a separate worker process (its own CPU core and "
-                    "copy of the weights from model_dir), prefill_chunk_tokens at a time, and decode them in the "
-                    "engine's forwards (disaggregated prefill). Its prefills then never lengthen another lane's "
-                    "forwards. Only for engines that load model_dir themselves (not a live policy); ignored otherwise.")
+        description="Serve this lane by an engine of its own in a separate process (its own CPU core, copy of the "
+                    "weights from model_dir and prefix cache): its prefills and decodes then never lengthen another "
+                    "lane's forwards. Only for engines that load model_dir themselves (not a live policy) with at "
+                    "least 2 usable CPUs; ignored otherwise.")
 
 
 def default_lanes() -> list[LaneConfig]:
     return [
         LaneConfig(name="short", max_prompt_tokens=2048, max_queued=256, max_running=16, prefill_chunk_tokens=512),
         LaneConfig(name="long", max_prompt_tokens=1 << 20, max_queued=16, max_running=2, prefill_chunk_tokens=256,
-                   time_share=0.1, prefill_process=True),
+                   time_share=0.1, own_process=True),
     ]
 
 
@@ -107,9 +107,9 @@ class EngineConfig(BaseModel):
         default=256, ge=1,
         description="Mixed batches: most new tokens in one forward. Decode rows always run (never wait); "
                     "prefill chunks fill what is left, lane by lane, each lane at most its prefill_chunk_tokens.")
-    prefill_process_threads: int = Field(
+    lane_process_threads: int = Field(
         default=1, ge=1,
-        description="torch threads of the prefill worker process (lanes with prefill_process). With torch_threads, "
+        description="torch threads of each lane process (lanes with own_process). With torch_threads, "
                     "keep the two at most the machine's CPUs (on 2 cores: 1 and 1), or they take turns on a core.")
     step_log_size: int = Field(default=10_000, ge=0, description="Scheduler steps kept in the in-memory step log.")
 

@@ -14,14 +14,14 @@ request, lanes taking turns by ``time_share``. ``prompt_reuse()`` counts the pro
 prefill computed (prefix-cache hits, a group's shared rows), logged by GRPO and eval. The prompt's KV, and each finished sample's prompt+completion KV, go into the prefix cache,
 so the next request sharing a system prompt / document / group prompt / episode history skips it.
 
-Lanes with ``prefill_process`` (by default the long lane) are prefilled elsewhere: a worker process
-on the other core fills a shared KV buffer that then becomes the request's cache
-(``remote_prefill.py``, ``prefill_worker.py``), so long prefills never lengthen the short requests'
-forwards.
+A lane with ``own_process`` (by default the long lane) is served by an engine of its own in another
+process, on the other core (``lane_process.py``): this engine admits and queues its requests, forwards
+each to that process when the lane's ``max_running`` lets it run, and relays its events, so long
+prompts never lengthen the short requests' forwards.
 
 Threading: ``submit`` may be called from any thread; every forward runs on the engine's own thread
 (``start()``) or, without a thread, on the caller of ``step()`` / ``run_until_idle()`` (tests,
-benchmarks), except the prefill worker's. Outputs go to a per-request ``sink`` callable, called on the
+benchmarks), except a lane process's. Outputs go to a per-request ``sink`` callable, called on the
 engine thread.
 """
 
@@ -32,6 +32,7 @@ import logging
 import threading
 import time
 from collections import deque
+from dataclasses import replace
 from typing import Any
 
 import torch
@@ -42,8 +43,7 @@ from temper.rollout.errors import EngineClosed
 from temper.rollout.fast import SpeculativeDecoder
 from temper.rollout.kv_cache import PrefixKVCache, cache_from, kv_of
 from temper.rollout.mixed import Segment, mixed_forward, supports
-from temper.rollout.prefill_worker import usable_cpus
-from temper.rollout.remote_prefill import RemotePrefills
+from temper.rollout.lane_process import LaneProcess, usable_cpus
 from temper.rollout.requests import (  # noqa: F401 (re-exported: the engine's public types)
     Delta,
     EngineRequest,
@@ -82,13 +82,15 @@ class Engine:
             self.decoder = StandardDecoder(self)
         # one forward per step over all running requests (see scheduler.py and mixed.py)
         self.mixed = config.mixed_batches and isinstance(self.decoder, StandardDecoder) and supports(self.model)
-        # lanes with prefill_process: their prompts are prefilled by a worker process (prefill_worker.py) from
-        # model_dir's weights, so only when this engine's model came from there (not a live policy), and only
-        # with a core for it (on one CPU the two processes would take turns: no gain, the worker's memory spent)
-        self.remote: RemotePrefills | None = None
-        if (self.mixed and model is None and any(lane.prefill_process for lane in config.lanes)
-                and usable_cpus() >= 2):
-            self.remote = RemotePrefills(self)
+        # lanes with own_process: served by an engine process over model_dir's weights (lane_process.py), so only
+        # when this engine's model came from there (not a live policy), and only with a core for it (on one CPU
+        # the two processes would take turns: no gain, the second copy of the weights spent)
+        self.lane_processes: dict[str, LaneProcess] = {}
+        if model is None and draft is None and usable_cpus() >= 2:
+            threads = config.lane_process_threads
+            self.lane_processes = {lane.name: LaneProcess(type(self), config, lane.name, threads, self._on_lane_event)
+                                   for lane in config.lanes if lane.own_process}
+        self._lane_events: deque[tuple[EngineRequest, Event]] = deque()
         self.step_log: deque[StepEvent] = deque(maxlen=config.step_log_size)
         self.steps = 0
         self.busy_s = 0.0  # seconds spent in forwards (benchmarks: the engine's busy share of a window)
@@ -96,7 +98,7 @@ class Engine:
         # prefill forward computed (prefix-cache hits, and the n - 1 copies a group shares); see prompt_reuse()
         self.counters = {"prefill_tokens": 0, "decode_tokens": 0, "requests": 0, "errors": 0, "forwards": 0,
                          "prompt_tokens": 0, "prefix_hit_tokens": 0, "group_shared_tokens": 0,
-                         "worker_prefill_tokens": 0}
+                         "lane_process_tokens": 0}
         self._ids = itertools.count()
         self._lock = threading.RLock()
         self._wake = threading.Condition(self._lock)
@@ -146,26 +148,24 @@ class Engine:
     def step(self) -> int:
         """One scheduler iteration. Returns the number of work units run (0 = nothing to do)."""
         with self._lock:
+            relayed = self._relay_lane_events()
             for req in self.scheduler.promote():
                 self._begin(req)
             if self.mixed:
-                if self.remote is not None:
-                    self.remote.take()
                 for lane in self.scheduler.lanes:
                     for req in [r for r in lane.running if r.cancelled]:
                         self._finish(req, error="cancelled")
-                plan = self.scheduler.plan_forward(self.config.forward_token_budget, self._cached_prefix,
-                                                   remote=self.remote is not None)
+                plan = self.scheduler.plan_forward(self.config.forward_token_budget, self._cached_prefix)
         if self.mixed:
             t0 = time.perf_counter()
-            units = self._run_mixed(plan)
+            units = self._run_mixed(plan) + relayed
             self.busy_s += time.perf_counter() - t0
             self.steps += 1
             return units
         with self._lock:
             lanes = self.scheduler.lanes_to_run()
             work = [(lane, list(lane.running)) for lane in lanes]
-        units = 0
+        units = relayed
         for lane, reqs in work:
             t0 = time.perf_counter()
             units += self._run_lane(lane, reqs)
@@ -196,8 +196,8 @@ class Engine:
         if self._thread is not None:
             self._thread.join(timeout=30)
             self._thread = None
-        if self.remote is not None:
-            self.remote.close()
+        for proc in self.lane_processes.values():
+            proc.close()
         with self._lock:
             for lane in self.scheduler.lanes:
                 for req in list(lane.queue) + list(lane.running):
@@ -218,10 +218,10 @@ class Engine:
                 time.sleep(0.1)
 
     def _idle_wait(self) -> None:
-        """Nothing ran this step. When the prefill worker holds prompts, that is what the engine waits for:
+        """Nothing ran this step. When a lane process holds requests, that is what the engine waits for:
         sleep until it reports (or a request arrives) instead of spinning on the engine's core."""
         with self._lock:
-            if self.remote and self.remote.held and not self.remote.messages and not self._closed:
+            if any(p.held for p in self.lane_processes.values()) and not self._lane_events and not self._closed:
                 self._wake.wait(timeout=0.05)
 
     # -- convenience: blocking generation --------------------------------------------------------
@@ -256,10 +256,17 @@ class Engine:
     # -- internals -------------------------------------------------------------------------------
     def _begin(self, req: EngineRequest) -> None:
         p = req.params
+        req.samples = [SampleText(i) for i in range(p.n)]
+        if req.lane in self.lane_processes:
+            req.state = "elsewhere"
+            try:
+                self.lane_processes[req.lane].submit(req)
+            except Exception as e:
+                self._failed(req, e)
+            return
         req.generator = None if p.greedy else torch.Generator().manual_seed(
             p.seed if p.seed is not None else int(torch.randint(0, 2**62, (1,)).item()))
         req.stopper = StopChecker(self.tokenizer, self.eos_ids, p, len(req.prompt), self.context)
-        req.samples = [SampleText(i) for i in range(p.n)]
         req.state = "prefill" if self.decoder.needs_prefill else "decode"
         if req.state == "decode":
             self.decoder.begin(req, None)
@@ -267,21 +274,60 @@ class Engine:
     def _cached_prefix(self, tokens: list[int]) -> int:
         return self.prefix_cache.peek(tokens) if self.prefix_cache is not None else len(tokens)
 
-    def _start_prefill(self, req: EngineRequest, remote: bool = False) -> None:
+    def _start_prefill(self, req: EngineRequest) -> None:
         """At the request's first prefill chunk (not at admission: a request ahead of it may be about to
-        cache the prefix they share): the longest cached prefix of its prompt, and the reuse counters.
-        ``remote``: the prefill worker gets the prompt and the hit's KV; the request has no cache until it
-        returns the whole prompt's."""
+        cache the prefix they share): the longest cached prefix of its prompt, and the reuse counters."""
         hit = self.prefix_cache.match(req.prompt, max_length=len(req.prompt) - 1) if self.prefix_cache else None
-        capacity = len(req.prompt) + min(req.params.max_tokens, 512)
-        chunk = self.scheduler.by_name[req.lane].config.prefill_chunk_tokens
-        if not (remote and self.remote.start(req, hit, capacity, chunk)):
-            req.cache = cache_from(hit.kv if hit else None, self.model.config, reserve=capacity)
+        req.cache = cache_from(hit.kv if hit else None, self.model.config,
+                               reserve=len(req.prompt) + min(req.params.max_tokens, 512))
         req.prefilled = req.cached_tokens = hit.length if hit else 0
+        self._count_prompt(req)
+
+    def _count_prompt(self, req: EngineRequest) -> None:
         n = req.params.n
         self.counters["prompt_tokens"] += len(req.prompt) * n
         self.counters["prefix_hit_tokens"] += req.cached_tokens
         self.counters["group_shared_tokens"] += len(req.prompt) * (n - 1)
+
+    def _on_lane_event(self, req: EngineRequest, ev: Event) -> None:
+        """(a lane process's reader thread) Queue its event for the engine's thread, which owns the sinks."""
+        with self._lock:
+            self._lane_events.append((req, ev))
+            self._wake.notify_all()
+
+    def _relay_lane_events(self) -> int:
+        """(lock held) The lane processes' events since the last step: a ``Delta`` extends the request's sample
+        and goes to its sink; a ``Finished`` ends the request, with the process's prefix-cache hit counted here.
+        Returns how many were relayed."""
+        relayed = 0
+        while self._lane_events:
+            req, ev = self._lane_events.popleft()
+            relayed += 1
+            if req.state != "elsewhere":
+                continue  # ended here meanwhile (cancelled, shut down)
+            if isinstance(ev, Delta):
+                sample = req.samples[ev.index]
+                sample.token_ids += ev.token_ids
+                sample.logprobs += ev.logprobs or []
+                sample.text += ev.text
+                sample.shown = len(sample.text)
+                sample.finish_reason = ev.finish_reason
+                if req.first_token_at is None and ev.token_ids:
+                    req.first_token_at = time.perf_counter()
+                self.counters["decode_tokens"] += len(ev.token_ids)
+                req.sink(replace(ev, request_id=req.id))
+                continue
+            if ev.error is None:
+                req.cached_tokens = ev.cached_tokens
+                self._count_prompt(req)
+                computed = len(req.prompt) - ev.cached_tokens
+                self.counters["prefill_tokens"] += computed
+                self.counters["lane_process_tokens"] += computed
+                self._log(req, "prefill", computed, "(lane process)")
+            else:
+                self.counters["errors"] += 1
+            self._finish(req, error=ev.error)
+        return relayed
 
     def _run_mixed(self, plan: list[tuple[EngineRequest, str, int]]) -> int:
         """One forward over the plan's decode rows and prefill chunks (``mixed.py``), then each request's
@@ -291,13 +337,6 @@ class Engine:
             if req.cancelled:
                 with self._lock:
                     self._finish(req, error="cancelled")
-                continue
-            if kind == "remote":
-                with self._lock:
-                    try:
-                        self._start_prefill(req, remote=True)
-                    except Exception as e:
-                        self._failed(req, e)
                 continue
             if kind == "decode":
                 segments.append(Segment(req.cache, [[req.samples[i].token_ids[-1]] for i in req.active],
@@ -310,7 +349,7 @@ class Engine:
                 segments.append(Segment(req.cache, [req.prompt[lo:lo + n]], lo, want_logits=lo + n == len(req.prompt)))
             items.append((req, kind, n))
         if not items:
-            return sum(kind == "remote" for _, kind, _ in plan)
+            return 0
         try:
             logits = mixed_forward(self.model, segments)
         except Exception as e:
@@ -350,10 +389,9 @@ class Engine:
             with self._lock:
                 self._finish(req)
 
-    def _prefilled(self, req: EngineRequest, logits: torch.Tensor, cached: bool = False) -> None:
-        """The prompt's KV is complete: keep it in the prefix cache (unless ``cached`` already), start decoding
-        from its last logits."""
-        if self.prefix_cache is not None and not cached:
+    def _prefilled(self, req: EngineRequest, logits: torch.Tensor) -> None:
+        """The prompt's KV is complete: keep it in the prefix cache, start decoding from its last logits."""
+        if self.prefix_cache is not None:
             self.prefix_cache.insert(req.prompt, kv_of(req.cache, 0))
         req.state = "decode"
         self.decoder.begin(req, logits)
@@ -365,6 +403,8 @@ class Engine:
             if req.cancelled:
                 with self._lock:
                     self._finish(req, error="cancelled")
+                continue
+            if req.state == "elsewhere":
                 continue
             try:
                 if req.state == "prefill":
@@ -399,8 +439,8 @@ class Engine:
         """Remove from its lane and tell the sink; called with the lock held."""
         if req.state == "done":
             return
-        if self.remote is not None:
-            self.remote.forget(req)
+        if req.state == "elsewhere":
+            self.lane_processes[req.lane].forget(req)
         self.scheduler.remove(req)
         req.state = "done"
         req.cache = None
@@ -464,7 +504,9 @@ class Engine:
             return {"steps": self.steps, **self.counters, "lanes": self.scheduler.depth(),
                     "prefix_cache": self.prefix_cache.stats() if self.prefix_cache else None,
                     "prompt_reuse": self.prompt_reuse(), "mixed_batches": self.mixed,
-                    "prefill_worker": self.remote.stats() if self.remote is not None else None,
+                    "lane_processes": {name: {"pid": p.pid, "starts": p.starts, "held": len(p.held),
+                                              "prefilled_tokens": p.prefilled_tokens}
+                                       for name, p in self.lane_processes.items()},
                     "profile": self.config.profile}
 
 

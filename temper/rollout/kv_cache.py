@@ -19,7 +19,6 @@ supported; the engine refuses sliding-window or linear-attention models.
 
 from __future__ import annotations
 
-import math
 import threading
 from dataclasses import dataclass, field
 from typing import NamedTuple
@@ -277,36 +276,6 @@ def _growable_cache(config):
         _GROWABLE = _growable_layer_class()
     cache = DynamicCache(config=config)
     cache.layers = [_GROWABLE() for _ in cache.layers]
-    return cache
-
-
-def kv_buffer(config, capacity: int, dtype: torch.dtype) -> torch.Tensor:
-    """Room for ``capacity`` positions of every layer's K and V in one tensor, [layers, 2, 1, kv_heads,
-    capacity, head_dim], in shared memory: ``cache_over`` makes a cache that appends into it, and a process
-    can hand it to another without a copy (the prefill worker's prompt KV)."""
-    return torch.empty(_kv_shape(config, capacity), dtype=dtype).share_memory_()
-
-
-def kv_buffer_bytes(config, capacity: int, dtype: torch.dtype) -> int:
-    return math.prod(_kv_shape(config, capacity)) * dtype.itemsize
-
-
-def _kv_shape(config, capacity: int) -> tuple[int, ...]:
-    heads = getattr(config, "num_key_value_heads", None) or config.num_attention_heads
-    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
-    return (config.num_hidden_layers, 2, 1, heads, capacity, head_dim)
-
-
-def cache_over(buffer: torch.Tensor, length: int, config):
-    """A cache whose layers read and append into ``buffer`` (``kv_buffer``'s layout), positions [0, length)
-    already filled. Past the buffer's capacity a layer grows into a buffer of its own, as any other."""
-    cache = _growable_cache(config)
-    for i, layer in enumerate(cache.layers):
-        k, v = buffer[i, 0], buffer[i, 1]
-        layer.lazy_initialization(k, v)
-        layer._kbuf, layer._vbuf = k, v
-        layer.keys = layer._kview = k[..., :length, :]
-        layer.values = v[..., :length, :]
     return cache
 
 

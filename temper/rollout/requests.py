@@ -48,7 +48,7 @@ class EngineRequest:
     params: SamplingParams
     sink: Sink
     lane: str = ""
-    state: str = "queued"  # queued | prefill | decode | done
+    state: str = "queued"  # queued | prefill | decode | elsewhere (a lane process serves it) | done
     prefilled: int = 0
     cached_tokens: int = 0
     cache: Any = None  # standard profile: DynamicCache with one row per active sample
@@ -58,7 +58,6 @@ class EngineRequest:
     generator: torch.Generator | None = None
     stopper: StopChecker | None = None
     cancelled: bool = False
-    remote_prefill: bool = False  # the prefill worker process holds its prompt (prefill_worker.py)
     submitted_at: float = field(default_factory=time.perf_counter)
     first_token_at: float | None = None
 

@@ -152,9 +152,9 @@ class Scheduler:
             chosen = [min(busy, key=lambda lane: lane.used_s / lane.config.time_share)]
         return chosen
 
-    def plan_forward(self, budget: int, cached_prefix: Callable[[list[int]], int] = lambda tokens: 0,
-                     remote: bool = False) -> list[tuple[Any, str, int]]:
-        """The work of the next mixed forward: ``(request, "decode" | "prefill" | "remote", new tokens)``.
+    def plan_forward(self, budget: int,
+                     cached_prefix: Callable[[list[int]], int] = lambda tokens: 0) -> list[tuple[Any, str, int]]:
+        """The work of the next mixed forward: ``(request, "decode" | "prefill", new tokens)``.
 
         Decode first: every running request in state ``decode`` with its ``len(active)`` rows, whatever
         the budget. Then prefill: what is left of ``budget``, lane by lane, FIFO within a lane, each
@@ -163,12 +163,9 @@ class Scheduler:
         still prefilling ahead of it in its lane a prefix at least ``WAIT_FOR_SHARED_TOKENS`` longer than
         ``cached_prefix(prompt)`` (what the prefix cache holds of it now) waits for that one to finish,
         so the shared part (a document several eval records read) comes from the prefix cache instead
-        of being computed twice in the same forwards. With ``remote``, a lane with ``prefill_process``
-        takes no budget: each of its requests not yet started is planned once as ``"remote"`` (its whole
-        unprefilled prompt, for the prefill worker), under the same wait rule; requests the worker holds
-        (``remote_prefill``) are skipped, and one the engine started itself instead (it has a cache) is
-        chunked like any other. Requests need ``state``, ``active``, ``prompt``, ``prefilled``,
-        ``cache``, ``remote_prefill``.
+        of being computed twice in the same forwards. Requests in any other state (``elsewhere``: a lane
+        process serves them) take nothing. Requests need ``state``, ``active``, ``prompt``, ``prefilled``,
+        ``cache``.
         """
         plan: list[tuple[Any, str, int]] = []
         used = 0
@@ -179,24 +176,15 @@ class Scheduler:
                     used += len(req.active)
         for lane in self.lanes:
             quota = lane.config.prefill_chunk_tokens
-            elsewhere = remote and lane.config.prefill_process
             ahead: list[Any] = []  # requests of this lane still prefilling, in FIFO order
             for req in lane.running:
                 if req.state != "prefill":
                     continue
-                started = req.cache is not None or req.remote_prefill
-                if not started and ahead:
+                if req.cache is None and ahead:
                     shared = max(_common(a.prompt, req.prompt) for a in ahead)
                     if shared >= WAIT_FOR_SHARED_TOKENS + cached_prefix(req.prompt):
                         continue  # starts once the one ahead has cached what they share
                 ahead.append(req)
-                if elsewhere and req.remote_prefill:
-                    continue
-                if elsewhere and not started:
-                    plan.append((req, "remote", len(req.prompt) - req.prefilled))
-                    continue
-                # (a request the engine chose to prefill itself, e.g. no room for its KV in shared memory, has
-                # a cache: it is chunked into the forwards below like any other)
                 room = min(quota, budget - used)
                 if room <= 0:
                     break

@@ -94,7 +94,7 @@ MIXED = [LaneConfig(name="short", max_prompt_tokens=100, max_running=8, prefill_
 
 def mreq(i, prompt_len, state="prefill", rows=0, start=0):
     return SimpleNamespace(id=f"m{i}", lane="", state=state, prompt=[start + i * 1000 + t for t in range(prompt_len)],
-                           prefilled=0, active=list(range(rows)), cache=None, remote_prefill=False)
+                           prefilled=0, active=list(range(rows)), cache=None)
 
 
 def _admit(s, *reqs):
@@ -200,21 +200,8 @@ def test_a_request_sharing_a_prefix_with_one_ahead_starts_once_that_one_is_cache
     assert [r.id for r, _, _ in s2.plan_forward(budget=500)] == ["m3", "m2"]  # nothing shared: no wait
 
 
-def test_a_prefill_process_lane_is_planned_once_as_remote_and_takes_no_budget():
-    lanes = [MIXED[0], MIXED[1].model_copy(update={"prefill_process": True, "max_running": 3})]
-    s = Scheduler(lanes, max_context_tokens=6000)
-    doc = list(range(7, 207))
-    first, second, other = mreq(0, 0), mreq(1, 0), mreq(2, 300, start=50_000)
-    first.prompt, second.prompt = doc + [1, 2], doc + [3, 4]
-    short = mreq(3, 50)
-    _admit(s, first, second, other, short)
-    plan = [(r.id, k, n) for r, k, n in s.plan_forward(budget=64, remote=True)]
-    # the short prompt gets the whole budget; the long lane goes to the worker whole, except the request that
-    # shares a document with the one ahead of it (it waits to read it from the prefix cache)
-    assert plan == [("m3", "prefill", 50), ("m0", "remote", 202), ("m2", "remote", 300)]
-    first.remote_prefill = other.remote_prefill = True  # the worker holds them now
-    assert [(r.id, k) for r, k, _ in s.plan_forward(budget=64, remote=True)] == [("m3", "prefill")]
-    # without a worker (remote=False: a live policy's engine) the lane is chunked into the forwards as before
-    s = Scheduler(lanes, max_context_tokens=6000)
-    _admit(s, mreq(4, 300))
-    assert [(r.id, k, n) for r, k, n in s.plan_forward(budget=64)] == [("m4", "prefill", 32)]
+def test_requests_a_lane_process_serves_take_no_rows_and_no_budget():
+    s = Scheduler(MIXED, max_context_tokens=6000)
+    away, decoding, short = mreq(0, 300, state="elsewhere"), mreq(1, 300, state="elsewhere", rows=2), mreq(2, 50)
+    _admit(s, away, decoding, short)
+    assert [(r.id, k, n) for r, k, n in s.plan_forward(budget=64)] == [("m2", "prefill", 50)]
