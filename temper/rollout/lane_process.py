@@ -103,8 +103,9 @@ def serve(engine_class: type, config_json: str, inbox, outbox, prefilled) -> Non
 class LaneProcess:
     """The engine's side: starts the process on first use, forwards requests, collects their events.
 
-    ``held`` is every request the process has and has not finished. ``on_event(req, event)`` is called on
-    the reader thread; when the process dies, each request it held gets a ``Finished`` with the error.
+    ``held`` is every request a process has and has not finished, with that process. ``on_event(req,
+    event)`` is called on the reader thread; when a process dies, each request it held gets a
+    ``Finished`` with the error.
     ``prefilled_tokens`` is every prompt token its processes have prefilled so far, finished or not.
     """
 
@@ -114,7 +115,7 @@ class LaneProcess:
         only = next(lc for lc in config.lanes if lc.name == lane).model_copy(update={"own_process": False})
         self.config_json = config.model_copy(update={"lanes": [only], "torch_threads": threads}).model_dump_json()
         self.on_event = on_event
-        self.held: dict[str, EngineRequest] = {}
+        self.held: dict[str, tuple[EngineRequest, object]] = {}  # id -> (request, the process that has it)
         self._ctx = tmp.get_context("spawn")  # fork would copy the engine's threads and locks mid-use
         self._proc = None
         self._inbox = None
@@ -135,7 +136,7 @@ class LaneProcess:
         with self._lock:
             if self._proc is None or not self._proc.is_alive():
                 self._start()
-            self.held[req.id] = req
+            self.held[req.id] = (req, self._proc)
             self._inbox.put(("submit", req.id, req.prompt, req.params))
 
     def forget(self, req: EngineRequest) -> None:
@@ -148,6 +149,7 @@ class LaneProcess:
         with self._lock:
             self._closed = True
             proc, inbox = self._proc, self._inbox
+            self._proc = None  # what it held is the engine's to end now (its close fails them)
         if proc is None:
             return
         if proc.is_alive():
@@ -171,21 +173,24 @@ class LaneProcess:
         while True:
             try:
                 rid, ev = outbox.get(timeout=0.5)
-            except queue.Empty:
+            except Exception as e:  # Empty, or a message cut short by the process's death
+                if not isinstance(e, queue.Empty):
+                    log.warning("lane process %s: unreadable message (%s)", proc.pid, e)
                 if proc.is_alive():
                     continue
                 self._died(proc)
                 return
             with self._lock:
-                req = self.held.get(rid) if not isinstance(ev, Finished) else self.held.pop(rid, None)
-            if req is not None:  # else ended here meanwhile
-                self.on_event(req, ev)
+                entry = self.held.get(rid) if not isinstance(ev, Finished) else self.held.pop(rid, None)
+            if entry is not None:  # else ended here meanwhile
+                self.on_event(entry[0], ev)
 
     def _died(self, proc) -> None:
         with self._lock:
-            lost = list(self.held.values()) if self._proc is proc else []
+            lost = [req for req, owner in self.held.values() if owner is proc]
+            for req in lost:
+                del self.held[req.id]
             if self._proc is proc:
-                self.held.clear()
                 self._proc = None
             closed = self._closed
         if closed:
