@@ -151,10 +151,10 @@ class Engine:
             relayed = self._relay_lane_events()
             for req in self.scheduler.promote():
                 self._begin(req)
+            for lane in self.scheduler.lanes:
+                for req in [r for r in lane.running if r.cancelled]:
+                    self._finish(req, error="cancelled")
             if self.mixed:
-                for lane in self.scheduler.lanes:
-                    for req in [r for r in lane.running if r.cancelled]:
-                        self._finish(req, error="cancelled")
                 plan = self.scheduler.plan_forward(self.config.forward_token_budget, self._cached_prefix)
         if self.mixed:
             t0 = time.perf_counter()
@@ -163,7 +163,7 @@ class Engine:
             self.steps += 1
             return units
         with self._lock:
-            lanes = self.scheduler.lanes_to_run()
+            lanes = self.scheduler.lanes_to_run(elsewhere=frozenset(self.lane_processes))
             work = [(lane, list(lane.running)) for lane in lanes]
         units = relayed
         for lane, reqs in work:
@@ -199,6 +199,7 @@ class Engine:
         for proc in self.lane_processes.values():
             proc.close()
         with self._lock:
+            self._relay_lane_events()  # what the processes finished before they stopped
             for lane in self.scheduler.lanes:
                 for req in list(lane.queue) + list(lane.running):
                     self._finish(req, error="engine shut down")
@@ -403,8 +404,6 @@ class Engine:
             if req.cancelled:
                 with self._lock:
                     self._finish(req, error="cancelled")
-                continue
-            if req.state == "elsewhere":
                 continue
             try:
                 if req.state == "prefill":

@@ -59,17 +59,23 @@ def serve(engine_class: type, config_json: str, inbox, outbox, prefilled) -> Non
 
     In: ``("submit", id, prompt, params)``, ``("cancel", id)``, ``("stop",)``. Out: ``(id, event)``, the
     engine's ``Delta`` and ``Finished`` events of request ``id`` (the sender's id, not this engine's).
-    ``prefilled`` (a shared integer) counts the prompt tokens it has prefilled, updated after every step:
-    progress without a message per chunk.
+    ``prefilled`` (a shared integer) counts the prompt tokens it has prefilled, updated after every step
+    and before each ``Finished``: progress without a message per chunk.
     """
     os.nice(NICE)
     engine = engine_class(EngineConfig.model_validate_json(config_json))
     running: dict[str, EngineRequest] = {}
+    counted = [0]
+
+    def count_prefilled() -> None:
+        prefilled.value += engine.counters["prefill_tokens"] - counted[0]
+        counted[0] = engine.counters["prefill_tokens"]
 
     def sink_for(rid: str) -> Callable[[Event], None]:
         def sink(ev: Event) -> None:
             if isinstance(ev, Finished):
                 running.pop(rid, None)
+                count_prefilled()  # before the request's end is known: its prompt is in the count
             outbox.put((rid, ev))
         return sink
 
@@ -81,10 +87,9 @@ def serve(engine_class: type, config_json: str, inbox, outbox, prefilled) -> Non
             if os.getppid() != parent:
                 return  # the engine's process is gone (killed): nothing would read what this computes
             if engine.scheduler.has_work:
-                before = engine.counters["prefill_tokens"]
                 if engine.step() == 0:
                     time.sleep(0.002)  # nothing could run this step (cannot happen today): do not spin a core
-                prefilled.value += engine.counters["prefill_tokens"] - before
+                count_prefilled()
             continue
         if msg[0] == "stop":
             engine.close()
@@ -126,7 +131,8 @@ class LaneProcess:
 
     @property
     def pid(self) -> int | None:
-        return self._proc.pid if self._proc is not None else None
+        proc = self._proc  # (read once: the reader thread may clear it)
+        return proc.pid if proc is not None else None
 
     @property
     def prefilled_tokens(self) -> int:

@@ -138,11 +138,14 @@ class Scheduler:
                 moved.append(req)
         return moved
 
-    def lanes_to_run(self) -> list[Lane]:
-        busy = [lane for lane in self.lanes if lane.running]
-        self._contended = len([lane for lane in self.lanes if lane.has_work]) >= 2
+    def lanes_to_run(self, elsewhere: frozenset[str] = frozenset()) -> list[Lane]:
+        """Per-request forwards: the lanes whose running requests run this step, by time share. Lanes in
+        ``elsewhere`` (a lane process serves them) take no compute here: they neither run nor contend."""
+        here = [lane for lane in self.lanes if lane.name not in elsewhere]
+        busy = [lane for lane in here if lane.running]
+        self._contended = len([lane for lane in here if lane.has_work]) >= 2
         if not self._contended:
-            for lane in self.lanes:
+            for lane in here:
                 lane.used_s = 0.0  # no contended period: time used alone does not count against a lane
             return busy
         total = sum(lane.used_s for lane in busy)

@@ -4,6 +4,7 @@ respawned here."""
 from __future__ import annotations
 
 import os
+import select
 import signal
 import subprocess
 import sys
@@ -95,7 +96,7 @@ def test_a_killed_lane_process_fails_only_its_requests_and_the_next_one_respawns
         warm = e.generate([DOC[:40] + [1] * 30], GREEDY)[0]  # 70 tokens: the long lane; starts the process
         assert warm.error is None
         pid = e.stats()["lane_processes"]["long"]["pid"]
-        req, events, done = _stream(e, DOC + [2], GREEDY)
+        req, events, done = _stream(e, DOC * 3 + [2], GREEDY)  # 901 one-token forwards: still running below
         short = e.generate([[5, 6, 7]], GREEDY, timeout_s=30)[0]  # the engine keeps serving meanwhile
         assert short.error is None and req.state == "elsewhere" and not done.is_set()
         os.kill(pid, signal.SIGKILL)
@@ -115,7 +116,8 @@ def test_a_cancelled_request_leaves_the_lane_process_and_an_engine_over_a_live_m
     try:
         e.generate([[1] * 70], GREEDY)
         req, events, done = _stream(e, DOC + [3], GREEDY)
-        while req.state != "elsewhere":
+        deadline = time.monotonic() + 30
+        while req.state != "elsewhere" and time.monotonic() < deadline:
             time.sleep(0.01)
         e.cancel(req)
         assert done.wait(10) and events[-1].error == "cancelled"
@@ -153,6 +155,7 @@ if __name__ == "__main__":
 """)
     proc = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True)
     try:
+        assert select.select([proc.stdout], [], [], 120)[0], "the engine did not start in 120 s"
         pid = int(proc.stdout.readline())
         os.kill(pid, 0)  # the lane process is alive
         proc.kill()

@@ -80,6 +80,17 @@ def test_time_share_limits_the_long_lane_only_while_both_have_work():
     assert 0 < sum(runs) < 40
 
 
+def test_a_lane_served_elsewhere_neither_runs_nor_contends_for_time():
+    lanes = [LANES[0].model_copy(update={"time_share": 0.5}), LANES[1]]
+    s = Scheduler(lanes, max_context_tokens=1200)
+    short = s.by_name["short"]
+    s.admit([(req(0), 500, 5), (req(1), 10, 5)])
+    s.promote()
+    for _ in range(5):  # the short lane alone has work here: it runs every step, whatever it has used
+        assert s.lanes_to_run(elsewhere=frozenset({"long"})) == [short]
+        s.charge(short, 1.0)
+
+
 def test_engine_config_rejects_unordered_lanes_and_fast_without_draft(tmp_path):
     with pytest.raises(ValueError, match="ordered"):
         EngineConfig(model_dir=tmp_path, lanes=list(reversed(LANES)))
