@@ -55,7 +55,6 @@ def test_the_lane_process_serves_the_long_lane_with_the_engines_own_outputs_and_
             first = e.generate([DOC + [9, 10, 11], [5, 6, 7]], GREEDY)
             second = e.generate([DOC + [12, 13]], GREEDY)  # shares the 300-token document with the first
             third = e.generate([DOC[:100] + [4]], sampled)
-            streamed = []
             e.generate([DOC[:90]], sampled.model_copy(update={"n": 1}))  # (warm: the same path as below)
             req, events, done = _stream(e, DOC[:90], sampled.model_copy(update={"n": 1}))
             if e._thread is None:
