@@ -49,7 +49,7 @@ def stage_config(stage: str, params: PostTrainingParams, base_model: str, run_ke
     return TrainConfig(mode=stage, run_name=f"{run_key}-{stage}", base_model=base_model, domains=params.domains,
                        mixing_weights=weights, output_dir=str(workdir / stage), seed=params.seed,
                        expected_digests=validated_digests or {},
-                       world_size=params.world_size, deepspeed=params.world_size > 1, tracking=True,
+                       world_size=params.world_size, deepspeed=params.world_size > 1, precision=params.precision, tracking=True,
                        mlflow_experiment="post_training", **{stage: settings})
 
 

@@ -21,6 +21,10 @@ class StorageError(TemperError):
     """The store (local path or S3 endpoint) cannot be reached or written."""
 
 
+class TrainingError(TemperError):
+    """A training config, checkpoint or resume request is wrong, or the machine cannot run it."""
+
+
 class TrackingError(TemperError):
     """The MLflow tracking server cannot be reached or refused a write."""
 

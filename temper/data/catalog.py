@@ -21,11 +21,21 @@ def load_domain(path: Path) -> Domain:
     return load_config(path, Domain, CatalogError, "domain")
 
 
-def load_catalog(directory: Path | str) -> dict[str, Domain]:
+class Catalog(dict[str, Domain]):
+    """The usable domains by name; ``unavailable``: the domains of packs whose source package is not installed
+    (name -> why), so that asking for one says which package it needs while every other domain still works."""
+
+    def __init__(self, domains: dict[str, Domain], unavailable: dict[str, str]) -> None:
+        super().__init__(domains)
+        self.unavailable = unavailable
+
+
+def load_catalog(directory: Path | str) -> Catalog:
     """Load every ``*.yaml`` under ``directory`` (recursively), keyed by domain name.
 
     A file with a top-level ``pack:`` key is a domain pack and adds every domain it expands to
     (``temper.data.packs``); a name defined twice, by files or packs, is an error naming both.
+    A pack whose source package is missing adds its domains to ``Catalog.unavailable`` instead.
     """
 
     directory = Path(directory)
@@ -46,7 +56,8 @@ def load_catalog(directory: Path | str) -> dict[str, Domain]:
             domains[domain.name] = domain
     if not domains:
         raise CatalogError(f"catalog directory {directory} holds no *.yaml domain files")
-    return domains
+    unavailable = {n: d._unavailable for n, d in domains.items() if d._unavailable}
+    return Catalog({n: d for n, d in domains.items() if n not in unavailable}, unavailable)
 
 
 def refuse_eval_only(domains: list[Domain], what: str) -> None:
@@ -73,6 +84,10 @@ def select_domains(catalog: dict[str, Domain], patterns: list[str] | None) -> li
     """Domains whose names match any of the glob patterns (all when none given), in name order."""
     if not patterns:
         return [catalog[n] for n in sorted(catalog)]
+    missing = sorted({n for n in getattr(catalog, "unavailable", {}) for p in patterns if fnmatch.fnmatchcase(n, p)})
+    if missing:
+        more = f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""
+        raise CatalogError(f"domain {missing[0]}{more}: {catalog.unavailable[missing[0]]}")
     chosen = sorted({n for n in catalog for p in patterns if fnmatch.fnmatchcase(n, p)})
     unmatched = [p for p in patterns if not any(fnmatch.fnmatchcase(n, p) for n in catalog)]
     if unmatched:

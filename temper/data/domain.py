@@ -85,6 +85,7 @@ class Domain(BaseModel):
     # Set by temper.data.packs for domains a pack expanded: the pack's name and digest, and the contract
     # built from the pack's template (temper.data.packs.contract_for). None for single-file domains.
     _pack: str | None = PrivateAttr(default=None)
+    _unavailable: str | None = PrivateAttr(default=None)  # why it cannot be generated or scored here (a pack's package)
     _pack_digest: str | None = PrivateAttr(default=None)
     _contract: Any = PrivateAttr(default=None)
 

@@ -166,9 +166,12 @@ def expand_pack(path: Path | str, raw: dict[str, Any], contracts_dir: Path | Non
         raise CatalogError(describe_validation_error(path, e)) from None
     pack.source_file = str(path)
     installed = _installed_version(SOURCES[pack.source])
-    if installed is None:
-        raise CatalogError(f"{path}: field 'source': {SOURCES[pack.source]} is not installed")
-    if installed != pack.source_version:
+    missing = None
+    if installed is None:  # the shipped index still names the domains: they are listed as unavailable, not lost
+        missing = (f"{SOURCES[pack.source]} is not installed (pack {path}; pip install "
+                   f"{SOURCES[pack.source]}=={pack.source_version})")
+        installed = pack.source_version
+    elif installed != pack.source_version:
         raise CatalogError(f"{path}: field 'source_version': pack is for {pack.source} {pack.source_version}, "
                            f"installed is {installed}")
     index = load_index(pack.source, installed)["tasks"]
@@ -240,6 +243,7 @@ def expand_pack(path: Path | str, raw: dict[str, Any], contracts_dir: Path | Non
                 where = f"{path}: task {task!r} tier {tier!r}: contract template {pack.contract_template!r}"
                 raise CatalogError(describe_validation_error(where, e)) from None
             domain.source_file = str(path)
+            domain._unavailable = missing
             domain._pack = pack.pack
             domain._pack_digest = digest
             domain._contract = contract

@@ -11,13 +11,23 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from temper.core.config_files import load_config
 from temper.core.errors import TemperError
 from temper.core.settings import get_settings
 from temper.registry.gate import PromotionPolicy
-from temper.training.config import GRPOSettings, MixingWeights, SFTSettings, check_grpo_batch, check_mixing_names
+from temper.training.config import (
+    PRECISION_HELP,
+    WORLD_SIZE_HELP,
+    GRPOSettings,
+    MixingWeights,
+    SFTSettings,
+    WorldSize,
+    check_grpo_batch,
+    check_mixing_names,
+)
+from temper.training.device import Precision, resolve_world_size
 
 __all__ = ["EvalSettings", "EvaluateParams", "GRPOSettings", "PostTrainingParams", "RetrainParams", "SFTSettings",
            "SFTStage", "ValidateParams", "load_params"]
@@ -58,8 +68,12 @@ class PostTrainingParams(BaseModel):
     backend: Literal["local", "kubernetes"] | None = Field(
         default=None, description="Where training, eval and sandbox jobs run: local processes or a Kubernetes "
         "cluster. Empty = the TEMPER_BACKEND setting of the process the flow run starts in.")
-    world_size: int = Field(default=2, ge=1, description="Training processes (ZeRO-3 ranks; 1 = no DeepSpeed).")
+    world_size: WorldSize = Field(default="auto", validate_default=True,
+                                  description=WORLD_SIZE_HELP + " More than 1 trains under DeepSpeed ZeRO-3.")
+    precision: Precision = Field(default="auto", description=PRECISION_HELP)
     seed: int = Field(default=0, description="Seed of sampling, data order and initialisation.")
+
+    _resolve_world_size = field_validator("world_size")(lambda cls, v: resolve_world_size(v))
 
     @model_validator(mode="after")
     def _check(self) -> "PostTrainingParams":

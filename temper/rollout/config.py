@@ -55,7 +55,10 @@ class PrefixCacheConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     enabled: bool = True
-    budget_bytes: int = Field(default=256 * MIB, ge=0, description="Most bytes of K/V the prefix cache keeps.")
+    budget_bytes: int | None = Field(
+        default=None, ge=0,
+        description="Most bytes of K/V the prefix cache keeps. None: 256 MiB on CPU; on a GPU a quarter of the device "
+                    "memory free once the weights are loaded (temper.rollout.device.prefix_budget).")
     cache_completions: bool = Field(
         default=True, description="Also keep prompt+completion KV so the next turn of an episode is not re-encoded.")
 
@@ -98,6 +101,11 @@ class EngineConfig(BaseModel):
     torch_threads: int | None = Field(
         default=None, description="Set torch's intra-op threads (process-wide!) when the engine starts; None = leave.")
     dtype: Literal["float32", "bfloat16"] = "float32"
+    device: str = Field(
+        default="auto", pattern=r"^(auto|cpu|cuda(:\d+)?)$",
+        description="Where weights, KV cache and every tensor of a step live: 'auto' = the first CUDA device when "
+                    "there is one, else the CPU; or 'cpu', 'cuda', 'cuda:N'. An engine handed a model uses the "
+                    "model's device.")
     mixed_batches: bool = Field(
         default=True,
         description="One forward per scheduler step over every running request (decode rows first, then prefill "

@@ -39,6 +39,7 @@ import torch
 
 from temper.rollout.config import EngineConfig
 from temper.rollout.decoding import SampleText, SamplingParams, StopChecker
+from temper.rollout.device import engine_device, prefix_budget
 from temper.rollout.errors import EngineClosed
 from temper.rollout.fast import SpeculativeDecoder
 from temper.rollout.kv_cache import PrefixKVCache, cache_from, kv_of
@@ -67,7 +68,13 @@ class Engine:
         if config.torch_threads:
             torch.set_num_threads(config.torch_threads)
         dtype = getattr(torch, config.dtype)
-        self.model = model if model is not None else AutoModelForCausalLM.from_pretrained(config.model_dir, dtype=dtype)
+        own_weights = model is None
+        if model is None:
+            self.device = engine_device(config.device)
+            model = AutoModelForCausalLM.from_pretrained(config.model_dir, dtype=dtype).to(self.device)
+        else:  # a live policy stays where its trainer put it
+            self.device = next(model.parameters()).device
+        self.model = model
         self.model.eval()
         self.tokenizer = tokenizer if tokenizer is not None else AutoTokenizer.from_pretrained(config.model_dir)
         _require_full_attention(self.model)
@@ -75,7 +82,7 @@ class Engine:
         self.eos_ids = _eos_ids(self.model, self.tokenizer)
         self.scheduler = Scheduler(config.lanes, self.context)
         pc = config.prefix_cache
-        self.prefix_cache = PrefixKVCache(pc.budget_bytes) if pc.enabled else None
+        self.prefix_cache = PrefixKVCache(prefix_budget(pc.budget_bytes, self.device)) if pc.enabled else None
         if config.profile == "fast":
             self.decoder = SpeculativeDecoder(self, config.speculative, draft)
         else:
@@ -84,9 +91,10 @@ class Engine:
         self.mixed = config.mixed_batches and isinstance(self.decoder, StandardDecoder) and supports(self.model)
         # lanes with own_process: served by an engine process over model_dir's weights (lane_process.py), so only
         # when this engine's model came from there (not a live policy), and only with a core for it (on one CPU
-        # the two processes would take turns: no gain, the second copy of the weights spent)
+        # the two processes would take turns: no gain, the second copy of the weights spent). Not on a GPU: the
+        # lane would share the device anyway, and a GPU forward's cost hardly grows with its rows
         self.lane_processes: dict[str, LaneProcess] = {}
-        if model is None and draft is None and usable_cpus() >= 2:
+        if own_weights and draft is None and self.device.type == "cpu" and usable_cpus() >= 2:
             threads = config.lane_process_threads
             self.lane_processes = {lane.name: LaneProcess(type(self), config, lane.name, threads, self._on_lane_event)
                                    for lane in config.lanes if lane.own_process}
@@ -265,7 +273,7 @@ class Engine:
             except Exception as e:
                 self._failed(req, e)
             return
-        req.generator = None if p.greedy else torch.Generator().manual_seed(
+        req.generator = None if p.greedy else torch.Generator(self.device).manual_seed(
             p.seed if p.seed is not None else int(torch.randint(0, 2**62, (1,)).item()))
         req.stopper = StopChecker(self.tokenizer, self.eos_ids, p, len(req.prompt), self.context)
         req.state = "prefill" if self.decoder.needs_prefill else "decode"
@@ -425,8 +433,9 @@ class Engine:
             self._start_prefill(req)
         n = min(budget, len(req.prompt) - req.prefilled)
         lo = req.prefilled
-        out = self.model(input_ids=torch.tensor([req.prompt[lo:lo + n]]), cache=req.cache,
-                         position_ids=torch.arange(lo, lo + n).unsqueeze(0), use_cache=True, logits_to_keep=1)
+        out = self.model(input_ids=torch.tensor([req.prompt[lo:lo + n]], device=self.device), cache=req.cache,
+                         position_ids=torch.arange(lo, lo + n, device=self.device).unsqueeze(0), use_cache=True,
+                         logits_to_keep=1)
         req.prefilled += n
         self.counters["prefill_tokens"] += n
         self._log(req, "prefill", n, f"{req.prefilled}/{len(req.prompt)}")

@@ -61,7 +61,7 @@ class SpeculativeDecoder:
             if not p.greedy:
                 gc.temperature, gc.top_p = p.temperature, p.top_p
             gc.eos_token_id = [] if p.ignore_eos else sorted(e.eos_ids)  # None would fall back to the model's eos
-            ids = torch.tensor([seq])
+            ids = torch.tensor([seq], device=e.device)
             if p.seed is not None and not p.greedy:
                 torch.manual_seed(p.seed + len(sample.token_ids))  # generate() samples from the global RNG
             with warnings.catch_warnings():
@@ -91,7 +91,11 @@ def load_draft(spec: SpeculativeConfig, target):
     # lazy: transformers (800 ms) would load whenever temper.rollout.client is imported
     from transformers import AutoModelForCausalLM
 
-    draft = AutoModelForCausalLM.from_pretrained(spec.draft_dir, dtype=target.dtype) if spec.draft_dir else target
+    if spec.quantize_draft and target.device.type != "cpu":
+        raise ValueError("quantize_draft makes an int8 CPU copy (torch's dynamic quantization); on a GPU give the "
+                         "fast profile a draft_dir (a smaller model with the target's tokenizer)")
+    draft = AutoModelForCausalLM.from_pretrained(spec.draft_dir, dtype=target.dtype).to(target.device) \
+        if spec.draft_dir else target
     if spec.quantize_draft:
         draft = quantized_draft(draft)
     if draft.config.vocab_size != target.config.vocab_size:

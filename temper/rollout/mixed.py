@@ -58,9 +58,10 @@ def _rotary(model):
 def mixed_forward(model, segments: list[Segment]) -> list[torch.Tensor | None]:
     """Run every segment in one pass; per segment, logits [rows, vocab] of each row's last token (or None)."""
     inner = model.model
+    device = inner.embed_tokens.weight.device
     shapes = [(len(s.tokens), len(s.tokens[0])) for s in segments]
-    ids = torch.tensor([t for s in segments for row in s.tokens for t in row])
-    pos = torch.cat([torch.arange(s.start, s.start + t).repeat(r) for s, (r, t) in zip(segments, shapes)])
+    ids = torch.tensor([t for s in segments for row in s.tokens for t in row], device=device)
+    pos = torch.cat([torch.arange(s.start, s.start + t).repeat(r) for s, (r, t) in zip(segments, shapes)]).to(device)
     h = inner.embed_tokens(ids).unsqueeze(0)  # [1, N, hidden]
     cos, sin = inner.rotary_emb(h, position_ids=pos.unsqueeze(0))
     cos, sin = cos[0], sin[0]  # [N, head_dim]
@@ -69,7 +70,7 @@ def mixed_forward(model, segments: list[Segment]) -> list[torch.Tensor | None]:
     for r, t in shapes:
         bounds.append((at, at + r * t))
         at += r * t
-    masks = [_chunk_mask(s, t) for s, (_, t) in zip(segments, shapes)]
+    masks = [_chunk_mask(s, t, device) for s, (_, t) in zip(segments, shapes)]
     for i, layer in enumerate(inner.layers):
         attn = layer.self_attn
         hd = attn.head_dim
@@ -101,9 +102,9 @@ def mixed_forward(model, segments: list[Segment]) -> list[torch.Tensor | None]:
     return out
 
 
-def _chunk_mask(s: Segment, t: int) -> torch.Tensor | None:
+def _chunk_mask(s: Segment, t: int, device: torch.device) -> torch.Tensor | None:
     """Causal mask of a chunk of ``t`` new tokens after ``s.start`` cached ones (None for one token)."""
     if t == 1:
         return None
-    keys = torch.arange(s.start + t)
-    return keys.unsqueeze(0) <= (s.start + torch.arange(t)).unsqueeze(1)  # [t, start + t]
+    keys = torch.arange(s.start + t, device=device)
+    return keys.unsqueeze(0) <= (s.start + torch.arange(t, device=device)).unsqueeze(1)  # [t, start + t]

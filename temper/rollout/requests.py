@@ -85,6 +85,7 @@ class DecoderHost(Protocol):
 
     model: Any
     tokenizer: Any
+    device: Any  # torch.device of the model and of every tensor a step makes
     context: int
     eos_ids: set[int]
 

@@ -33,8 +33,8 @@ class StandardDecoder:
     def step(self, req: EngineRequest) -> None:
         e = self.engine
         rows = len(req.active)
-        last = torch.tensor([[req.samples[i].token_ids[-1]] for i in req.active])
-        pos = torch.full((rows, 1), req.cache.get_seq_length())
+        last = torch.tensor([[req.samples[i].token_ids[-1]] for i in req.active], device=e.device)
+        pos = torch.full((rows, 1), req.cache.get_seq_length(), device=e.device)
         out = e.model(input_ids=last, cache=req.cache, position_ids=pos, use_cache=True)
         e._log(req, "decode", rows)
         self.advance(req, out.logits[:, -1])
@@ -53,5 +53,5 @@ class StandardDecoder:
                 keep.append(row)
         if len(keep) < len(req.active):
             if keep:
-                req.cache.batch_select_indices(torch.tensor(keep))
+                req.cache.batch_select_indices(torch.tensor(keep, device=self.engine.device))
             req.active = [req.active[r] for r in keep]

@@ -23,9 +23,11 @@ from temper.training import checkpoint as ckpt
 from temper.training.charts import curriculum_weights_csv, domain_heatmap_png, domain_table_csv, read_metrics
 from temper.training.config import TrainConfig, TrainingError
 from temper.training.curriculum import CurriculumStream
+from temper.training.device import Placement, peak_flops
 from temper.training.export import log_and_register, reward_curve_png
 from temper.training.progress import progress_line
 from temper.training.rewards import DomainRewards, merge_summaries, step_totals
+from temper.training.throughput import RolloutTimer, model_flops_utilization
 
 
 SAMPLED_TRAJECTORIES = 2  # episodes per multi-step domain and logging step shown as MLflow artifacts
@@ -61,10 +63,14 @@ def tracking_enabled(cfg: TrainConfig, settings: Settings) -> bool:
 
 
 class TemperCallback(TrainerCallback):
-    def __init__(self, cfg: TrainConfig, settings: Settings, *, digests: dict[str, str], uris: dict[str, str],
-                 frames: dict[str, Any], sampler_state: Callable[[int], dict], rewards: DomainRewards | None,
-                 base_model: str, stream: CurriculumStream | None = None) -> None:
-        self.cfg, self.settings = cfg, settings
+    def __init__(self, cfg: TrainConfig, settings: Settings, *, placement: Placement, digests: dict[str, str],
+                 uris: dict[str, str], frames: dict[str, Any], sampler_state: Callable[[int], dict],
+                 rewards: DomainRewards | None, base_model: str, stream: CurriculumStream | None = None,
+                 rollouts: RolloutTimer | None = None) -> None:
+        self.cfg, self.settings, self.placement = cfg, settings, placement
+        self.rollouts = rollouts  # GRPO: the time each step spent sampling (the rest is the training phase)
+        self.peak_flops = peak_flops(placement)
+        self.params = 0
         self.digests, self.uris, self.frames = digests, uris, frames
         self.sampler_state, self.rewards, self.base_model = sampler_state, rewards, base_model
         self.stream = stream
@@ -81,8 +87,11 @@ class TemperCallback(TrainerCallback):
 
     # -- lifecycle ---------------------------------------------------------------------------
     def on_train_begin(self, args, state, control, model=None, **kw):
-        if self.cfg.log_shards and model is not None:
-            (self.out / f"shards-rank{_rank()}.json").write_text(json.dumps(shard_report(model)))
+        if model is not None:
+            report = shard_report(model)
+            self.params = report["full_numel"]
+            if self.cfg.log_shards:
+                (self.out / f"shards-rank{_rank()}.json").write_text(json.dumps(report))
         if self.main and tracking_enabled(self.cfg, self.settings):
             self._start_mlflow()
         self._t_log = self._t_begin = time.perf_counter()
@@ -109,6 +118,9 @@ class TemperCallback(TrainerCallback):
             if existed:  # a resumed run continues the same MLflow run
                 return
             mlflow.log_dict(self.cfg.to_yaml_dict(), "train_config.json")
+            # what the config's 'auto' became on this machine (the config hash stays the file's)
+            mlflow.log_params({"device": self.placement.device.split(":")[0], "precision": self.placement.precision,
+                               "world_size": self.cfg.world_size})
             for name, frame in self.frames.items():
                 lineage.log_dataset(name, frame, self.uris[name], self.digests[name], context="training")
 
@@ -148,6 +160,7 @@ class TemperCallback(TrainerCallback):
             return
         now = time.perf_counter()
         logs["step_time_s"] = getattr(self, "_last_step_time", now - self._t_log)
+        self._phases(logs)
         tokens = logs.get("num_tokens")
         if tokens is not None and self._tokens_at_log is not None and now > self._t_log:
             logs["tokens_per_s"] = (tokens - self._tokens_at_log) / (now - self._t_log)
@@ -167,6 +180,19 @@ class TemperCallback(TrainerCallback):
                 mlflow.log_metrics({k.replace("/", "_") if k.startswith(("reward/", "pass_rate/", "none_rate/", "weight/"))
                                     else k: v for k, v in row.items() if k != "step"}, step=state.global_step)
                 self._log_trajectories(state.global_step)
+
+    def _phases(self, logs: dict) -> None:
+        """Rank 0's rollout and training-phase seconds of the step just logged, and the training phase's MFU
+        (``temper.training.throughput``; on GPUs of known peak, with logging_steps 1 as temper sets it)."""
+        train_s = logs["step_time_s"]
+        if self.rollouts is not None:
+            logs["rollout_s"] = self.rollouts.take()
+            train_s = max(0.0, train_s - logs["rollout_s"])
+        logs["train_phase_s"] = train_s
+        tokens = logs.get("num_tokens")
+        if self.peak_flops and tokens is not None and self._tokens_at_log is not None and train_s > 0 and self.params:
+            logs["mfu"] = model_flops_utilization(self.params, tokens - self._tokens_at_log, train_s, self.peak_flops,
+                                                  self.cfg.world_size)
 
     def _log_trajectories(self, step: int) -> None:
         """The first ``SAMPLED_TRAJECTORIES`` episodes per multi-step domain that the ranks of this machine

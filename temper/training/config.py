@@ -19,14 +19,11 @@ import fnmatch
 from pathlib import Path
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from temper.core.config_files import parse_config, read_yaml
-from temper.core.errors import TemperError
-
-
-class TrainingError(TemperError):
-    """A training config, checkpoint or resume request is wrong."""
+from temper.core.errors import TrainingError  # noqa: F401 (re-exported: where training code imports it from)
+from temper.training.device import CPU_WORLD_SIZE, Precision, resolve_world_size
 
 
 # domain -> sampling weight; a weight of 0 would silently drop a domain, so it must be > 0.
@@ -34,6 +31,13 @@ MixingWeights = dict[str, Annotated[float, Field(gt=0)]]
 
 # where GRPO samples its rollouts (GRPOSettings.generation)
 Generation = Literal["trainer", "engine", "vllm"]
+
+# ranks of a run: a number, or 'auto' (resolved when the config is read: one per visible GPU, else CPU_WORLD_SIZE)
+WorldSize = Annotated[int, Field(ge=1)] | Literal["auto"]
+WORLD_SIZE_HELP = (f"Training processes (ranks). 'auto': one per GPU this machine sees, {CPU_WORLD_SIZE} on a machine "
+                   "without GPUs. On a GPU machine more ranks than GPUs are refused before anything starts.")
+PRECISION_HELP = ("Training precision. 'auto': bf16 on GPUs that have it (DeepSpeed's bf16 block, the Trainer's bf16 "
+                  "autocast; fp32 master weights), fp32 on CPU. 'fp32' or 'bf16' force one.")
 
 Scheduler = Literal["constant", "constant_with_warmup", "linear", "cosine", "cosine_with_restarts", "polynomial",
                     "inverse_sqrt"]
@@ -194,7 +198,8 @@ class TrainConfig(BaseModel):
                                   description="Where checkpoints are synced (local path or s3://). "
                                   "None means <settings.storage_root>/runs/<run_name>.")
     seed: int = Field(default=0, description="Seeds the model init RNG, the domain sampler and data order.")
-    world_size: int = Field(default=2, ge=1, description="Processes (ranks) started by accelerate launch.")
+    world_size: WorldSize = Field(default="auto", validate_default=True, description=WORLD_SIZE_HELP)
+    precision: Precision = Field(default="auto", description=PRECISION_HELP)
     deepspeed: bool = Field(default=True, description="Run under DeepSpeed ZeRO-3; False = plain single-process torch.")
     sft: SFTSettings | None = Field(default=None, description="Settings when mode is sft (defaults if absent).")
     grpo: GRPOSettings | None = Field(default=None, description="Settings when mode is grpo (defaults if absent).")
@@ -208,6 +213,8 @@ class TrainConfig(BaseModel):
     mlflow_experiment: str = Field(default="temper-train", description="MLflow experiment for metrics (when tracking is set).")
     tracking: bool = Field(default=True, description="Log rank-0 metrics to MLflow (the configured server, else the embedded sqlite).")
     log_shards: bool = Field(default=True, description="Write each rank's parameter-partition sizes to shards-rank<k>.json.")
+
+    _resolve_world_size = field_validator("world_size")(lambda cls, v: resolve_world_size(v))
 
     @model_validator(mode="after")
     def _check(self) -> "TrainConfig":

@@ -1,8 +1,12 @@
-"""DeepSpeed JSON and accelerate config, generated from a TrainConfig (never hand-written).
+"""DeepSpeed JSON and accelerate config, generated from a TrainConfig and the rank's placement (never hand-written).
 
 Choices that matter on CPU: ZeRO-3 with ``stage3_param_persistence_threshold: 0`` (else a
-tiny model is not sharded at all), no ``optimizer`` block so the HF Trainer passes torch
-AdamW (DeepSpeed's fused Adam JIT-compiles for ~5 min), fp32 (bf16 was slower here).
+tiny model is not sharded at all), fp32 (bf16 was slower here). On GPUs: the ``bf16`` block when
+the placement's precision is bf16 (fp32 master weights and optimizer state, bf16 compute),
+communication overlapped with compute, and DeepSpeed's own persistence threshold (small
+parameters such as norms stay whole on every rank instead of being gathered at every forward).
+Everywhere: no ``optimizer`` block, so the HF Trainer passes torch AdamW (DeepSpeed's fused Adam
+JIT-compiles for ~5 min on 2 cores).
 """
 
 from __future__ import annotations
@@ -15,22 +19,24 @@ from typing import Any
 import yaml
 
 from temper.training.config import TrainConfig
+from temper.training.device import Placement, rank_placement, visible_gpus
 from temper.training.progress import quiet_env
 
 
-def deepspeed_config(cfg: TrainConfig) -> dict[str, Any]:
+def deepspeed_config(cfg: TrainConfig, placement: Placement | None = None) -> dict[str, Any]:
+    placement = placement or rank_placement(cfg.precision)
     return {
         "train_micro_batch_size_per_gpu": cfg.stage.per_device_batch_size,
         "train_batch_size": cfg.stage.per_device_batch_size * cfg.world_size,
         "gradient_accumulation_steps": 1,
         "gradient_clipping": "auto",
         "zero_allow_untested_optimizer": True,
-        "bf16": {"enabled": False},
+        "bf16": {"enabled": placement.bf16},
         "fp16": {"enabled": False},
         "zero_optimization": {
             "stage": 3,
-            "stage3_param_persistence_threshold": 0,
-            "overlap_comm": False,
+            "stage3_param_persistence_threshold": "auto" if placement.cuda else 0,
+            "overlap_comm": placement.cuda,
             "contiguous_gradients": True,
             "reduce_bucket_size": "auto",
             "stage3_prefetch_bucket_size": "auto",
@@ -55,12 +61,13 @@ def accelerate_config(cfg: TrainConfig, ds_json_path: str) -> dict[str, Any]:
     }
 
 
-def write_launch_configs(cfg: TrainConfig, directory: str | Path) -> tuple[Path, Path]:
+def write_launch_configs(cfg: TrainConfig, directory: str | Path,
+                         placement: Placement | None = None) -> tuple[Path, Path]:
     """Write ds_config.json and accelerate.yaml into ``directory``; returns both paths."""
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     ds_path = directory / "ds_config.json"
-    ds_path.write_text(json.dumps(deepspeed_config(cfg), indent=2))
+    ds_path.write_text(json.dumps(deepspeed_config(cfg, placement), indent=2))
     acc_path = directory / "accelerate.yaml"
     acc_path.write_text(yaml.safe_dump(accelerate_config(cfg, str(ds_path.resolve()))))
     return ds_path, acc_path
@@ -72,10 +79,13 @@ def torch_extensions_dir() -> str:
 
 
 def launch_env() -> dict[str, str]:
-    """Environment every training rank needs on this kind of machine (CPU, gloo), libraries quiet."""
+    """Environment the launcher gives every local rank, libraries quiet: on a machine without GPUs one OpenMP
+    thread per rank (2 ranks on 2 cores); on a GPU machine each rank sets its own threads (``configure_rank``)."""
+    gpus = visible_gpus()
     return {
         **quiet_env(),
-        "OMP_NUM_THREADS": "1",
+        "DS_ACCELERATOR": "cuda" if gpus else "cpu",  # also the launcher's: DeepSpeed then does not probe and warn
+        **({} if gpus else {"OMP_NUM_THREADS": "1"}),
         "TORCH_EXTENSIONS_DIR": torch_extensions_dir(),
         "PYTHONUNBUFFERED": "1",
         "TOKENIZERS_PARALLELISM": "false",

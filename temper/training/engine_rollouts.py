@@ -28,9 +28,11 @@ rank copies them into its own engine model, and the shards are released at the e
 Generation itself is then local to the rank (no collective), so ranks whose episodes take
 different numbers of turns never wait on each other.
 
-Precision: the engine samples with the policy's parameter dtype (fp32 in temper's runs). A
-trainer under bf16 autocast recomputes its log-probabilities in bf16, which differ from any fp32
-sampler's by ~1e-3 nats per token: parity to 1e-4 is a property of fp32 training.
+Device and precision: the engine's copy lives on the rank's own device (``cuda:LOCAL_RANK`` on a
+GPU rank, so the weight sync is a device-to-device copy) and samples in the precision the policy
+computes in: fp32 on CPU; bf16 when the run's precision is bf16 (DeepSpeed's bf16 parameters, or
+the Trainer's bf16 autocast over fp32 weights). bf16 log-probabilities differ from fp32 ones by
+~1e-3 nats per token: parity to 1e-4 is a property of fp32 training.
 
 Cost: one more full copy of the weights per rank, plus the engine's KV cache; the sync is one
 read of every parameter per step (ZeRO-3: one all-gather of each).
@@ -90,11 +92,12 @@ class PolicyEngine:
                                     f"top_k={args.top_k}, min_p={args.min_p}, "
                                     f"repetition_penalty={args.repetition_penalty} are not supported")
         policy = trainer.model
-        self.dtype = next(policy.parameters()).dtype
-        # a plain (unpartitioned) module of the policy's class: built outside any zero.Init context, so
-        # each rank holds the full tensors; its values come from the first sync
+        self.dtype = torch.bfloat16 if args.bf16 else next(policy.parameters()).dtype
+        # a plain (unpartitioned) module of the policy's class on the rank's device: built outside any
+        # zero.Init context, so each rank holds the full tensors; its values come from the first sync
         config = copy.deepcopy(policy.config)
-        model = type(policy)(config).to(self.dtype)
+        with torch.device(trainer.accelerator.device):  # initialised where it runs (a 0.7B CPU init takes ~15 s)
+            model = type(policy)(config).to(self.dtype)
         model.generation_config = copy.deepcopy(policy.generation_config)
         model.requires_grad_(False).eval()
         tokenizer = trainer.processing_class

@@ -11,6 +11,7 @@ from temper.core.settings import get_settings
 from temper.data.catalog import load_catalog, select_domains
 from temper.training.config import TrainConfig, TrainingError, load_config
 from temper.training.deepspeed import launch_env, write_launch_configs
+from temper.training.device import check_world_size
 
 
 def preflight(cfg: TrainConfig) -> None:
@@ -27,6 +28,7 @@ def training_job(config_path: str, mode: str, max_steps: int | None = None) -> J
     mode is one TrainingError line, not a stack trace from each rank.
     """
     cfg = load_config(config_path, max_steps=max_steps, mode=mode)
+    check_world_size(cfg.world_size, f"{config_path}: world_size")  # local ranks: one per GPU at most
     command = [sys.executable, "-m", "workloads.train", mode, "--config", str(Path(config_path).resolve())]
     if max_steps:
         command += ["--max-steps", str(max_steps)]

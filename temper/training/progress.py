@@ -28,7 +28,6 @@ def quiet_env() -> dict[str, str]:
     """Environment for the ranks: libraries keep their progress bars and deprecation notices to themselves."""
     return {
         "PYTHONWARNINGS": "ignore::FutureWarning",
-        "DS_ACCELERATOR": "cpu",  # set, not auto-detected: DeepSpeed then does not warn that it found no GPU
         "HF_DATASETS_DISABLE_PROGRESS_BARS": "1",
         "HF_HUB_DISABLE_PROGRESS_BARS": "1",
         "TRANSFORMERS_VERBOSITY": "error",
@@ -38,8 +37,7 @@ def quiet_env() -> dict[str, str]:
 def quiet_libraries() -> None:
     """In a rank: the same as ``quiet_env`` for what reads settings at run time, plus temper's log format."""
     for key, value in quiet_env().items():
-        if key != "DS_ACCELERATOR":
-            os.environ.setdefault(key, value)
+        os.environ.setdefault(key, value)
     warnings.filterwarnings("ignore", category=FutureWarning)
     warnings.filterwarnings("ignore", message=".*pin_memory.*no accelerator is found")
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
@@ -70,6 +68,8 @@ def progress_line(mode: str, step: int, total: int, logs: dict, elapsed_s: float
     if logs.get("tokens_per_s"):
         rate = logs["tokens_per_s"]
         parts.append(f"{rate / 1000:.1f}k tok/s" if rate >= 1000 else f"{rate:.0f} tok/s")
+    if "mfu" in logs:
+        parts.append(f"MFU {100 * logs['mfu']:.1f}%")
     if steps_done > 0 and step < total:
         parts.append(f"ETA {format_duration(elapsed_s / steps_done * (total - step))}")
     return " | ".join(parts)

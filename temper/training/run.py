@@ -30,10 +30,12 @@ from temper.training.callbacks import TemperCallback
 from temper.training.config import TrainConfig, TrainingError
 from temper.training.curriculum import CurriculumStream, lazy_dataset, replay
 from temper.training.deepspeed import write_launch_configs
+from temper.training.device import Placement, configure_rank, rank_placement
 from temper.training.disk import disk_full_is_named, folder_bytes
 from temper.training.mixing import DomainMixSampler
 from temper.training.multiturn import rollout_for
 from temper.training.rewards import DomainRewards
+from temper.training.throughput import RolloutTimer
 
 log = logging.getLogger("temper.train")
 
@@ -149,15 +151,17 @@ def sampler_state(cfg: TrainConfig, domains: list[Domain], frames: dict[str, Any
     return new_stream(cfg, domains, frames, stream.observations, step).state_dict()
 
 
-def _args(cfg: TrainConfig, ds_json: str | None):
-    """The TRL config: each stage setting under its own name (TRL's where they differ)."""
+def _args(cfg: TrainConfig, ds_json: str | None, placement: Placement):
+    """The TRL config: each stage setting under its own name (TRL's where they differ); the device and precision
+    are the placement's."""
     s = cfg.stage
     common = dict(
         output_dir=cfg.output_dir, max_steps=s.max_steps, per_device_train_batch_size=s.per_device_batch_size,
         gradient_accumulation_steps=1, learning_rate=s.learning_rate, lr_scheduler_type=s.lr_scheduler_type,
         warmup_steps=s.warmup_steps, weight_decay=s.weight_decay, seed=cfg.seed, data_seed=cfg.seed,
         logging_steps=1, save_strategy="steps", save_steps=s.checkpoint_every, save_total_limit=s.save_total_limit,
-        report_to=[], deepspeed=ds_json, optim="adamw_torch", use_cpu=not cfg.deepspeed, bf16=False, fp16=False,
+        report_to=[], deepspeed=ds_json, optim="adamw_torch", use_cpu=not placement.cuda and not cfg.deepspeed,
+        bf16=placement.bf16, fp16=False,
         dataloader_num_workers=0, disable_tqdm=True, train_sampling_strategy="sequential", remove_unused_columns=False,
         accelerator_config={"use_configured_state": True},
     )
@@ -181,20 +185,22 @@ def train(cfg: TrainConfig, settings: Settings | None = None) -> dict[str, Any]:
     import torch
 
     settings = settings or get_settings()
+    placement = rank_placement(cfg.precision)
+    configure_rank(placement)  # before DeepSpeed picks its accelerator
     domains, frames, digests, uris = load_domains(cfg, settings)
     model_dir = resolve_model(cfg.base_model, settings)
     ds_json = None
     if cfg.deepspeed:
-        ds_path, _ = write_launch_configs(cfg, Path(cfg.output_dir) / "launch")
+        ds_path, _ = write_launch_configs(cfg, Path(cfg.output_dir) / "launch", placement)
         ds_json = str(ds_path)
     # lazy: accelerate (1.7 s) would load in fast unit tests (test_domain_roles.py)
     from accelerate import PartialState
 
-    # On CPU, the Trainer would build its own state with no backend (world size 1) or, with
-    # use_cpu, plain DDP. Configure the state first: gloo + DeepSpeed comm (zero.Init in
-    # from_pretrained needs it), which the Trainer then adopts (use_configured_state).
-    state = PartialState(backend="gloo") if cfg.deepspeed else PartialState(cpu=True)
-    args = _args(cfg, ds_json)
+    # The Trainer would build its own state: on CPU with no backend (world size 1) or, with use_cpu,
+    # plain DDP. Configure the state first: the placement's backend (gloo on CPU, NCCL on GPUs) + DeepSpeed
+    # comm (zero.Init in from_pretrained needs it), which the Trainer then adopts (use_configured_state).
+    state = PartialState(backend=placement.backend) if cfg.deepspeed else PartialState(cpu=not placement.cuda)
+    args = _args(cfg, ds_json, placement)
     resume_from, stream = None, None
     if curriculum_on(cfg):
         stream = new_stream(cfg, domains, frames)
@@ -239,7 +245,7 @@ def train(cfg: TrainConfig, settings: Settings | None = None) -> dict[str, Any]:
         # and goes straight to the end, so the export is the checkpoint's model.
         train_ds = train_ds.select(range(cfg.stage.max_steps * cfg.prompts_per_step))
 
-    rewards = None
+    rewards, rollouts = None, None
     if cfg.mode == "sft":
         # lazy: trl (200 ms) would load in fast unit tests (test_domain_roles.py)
         from trl import SFTTrainer
@@ -253,11 +259,13 @@ def train(cfg: TrainConfig, settings: Settings | None = None) -> dict[str, Any]:
         rewards = DomainRewards(domains)
         trainer = GRPOTrainer(model=model, args=args, train_dataset=train_ds, reward_funcs=[rewards],
                               processing_class=tokenizer, rollout_func=rollout_for(domains, train_ds, cfg.grpo.generation))
+        rollouts = RolloutTimer()
+        rollouts.wrap(trainer)
 
-    callback = TemperCallback(cfg, settings, digests=digests, uris=uris, frames=frames,
+    callback = TemperCallback(cfg, settings, placement=placement, digests=digests, uris=uris, frames=frames,
                               sampler_state=lambda step: sampler_state(cfg, domains, frames, stream, step),
                               stream=stream, rewards=rewards,
-                              base_model=cfg.base_model)
+                              base_model=cfg.base_model, rollouts=rollouts)
     trainer.add_callback(callback)
     trainer.remove_callback(PrinterCallback)  # raw metric dicts; the callback prints one readable line instead
     out = Path(cfg.output_dir)

@@ -169,3 +169,22 @@ def test_the_pack_run_is_a_params_file_and_the_same_deployment():
     catalog = load_catalog(REPO / "domains")
     chosen = {d.name for d in select_domains(catalog, from_file.domains)}
     assert chosen == {n for n, d in catalog.items() if d._pack} and len(chosen) >= 300
+
+
+def test_a_pack_whose_package_is_missing_makes_only_its_own_domains_unavailable(monkeypatch):
+    from temper.data import packs
+    from temper.data.catalog import select_domains
+
+    monkeypatch.setattr(packs, "_installed_version", lambda distribution: None)  # as on a machine without it
+    catalog = load_catalog(REPO / "domains")
+    assert "arithmetic" in catalog and not any(name.startswith("rg-") for name in catalog)
+    assert len(catalog.unavailable) >= 300 and "rg-leg_counting-easy" in catalog.unavailable
+    # every other domain still works: named, globbed, or all of them
+    assert [d.name for d in select_domains(catalog, ["arithmetic", "multiplication"])] == ["arithmetic", "multiplication"]
+    assert "arithmetic" in [d.name for d in select_domains(catalog, None)]
+    # asking for one of its domains says which package it needs, in one line
+    with pytest.raises(CatalogError, match=r"domain rg-leg_counting-easy: reasoning-gym is not installed "
+                                           r"\(pack .*reasoning_gym.yaml; pip install reasoning-gym==0\.1\.25\)"):
+        select_domains(catalog, ["rg-leg_counting-easy"])
+    with pytest.raises(CatalogError, match=r"\(and \d+ more\): reasoning-gym is not installed"):
+        select_domains(catalog, ["arithmetic", "rg-*"])
