@@ -115,6 +115,15 @@ class EngineConfig(BaseModel):
         default=256, ge=1,
         description="Mixed batches: most new tokens in one forward. Decode rows always run (never wait); "
                     "prefill chunks fill what is left, lane by lane, each lane at most its prefill_chunk_tokens.")
+    slot_decode: Literal["auto", "on", "off"] = Field(
+        default="auto",
+        description="Mixed batches: decode steps as one static forward over a pool of KV slots, replayed as CUDA "
+                    "graphs (temper/rollout/slots.py). 'auto': on for engines on a GPU; 'on' on CPU runs the same "
+                    "forward eagerly (how tests check it); 'off': the mixed forward decodes too.")
+    decode_slots: int = Field(default=64, ge=1, description="Slot decode: rows (samples) the KV slot pool holds; "
+                              "requests that find no free slots decode on the mixed path.")
+    decode_slot_tokens: int = Field(default=2048, ge=64, description="Slot decode: positions per slot; a request "
+                                    "whose prompt + max_tokens is longer decodes on the mixed path.")
     lane_process_threads: int = Field(
         default=1, ge=1,
         description="torch threads of each lane process (lanes with own_process). With torch_threads, "

@@ -54,6 +54,7 @@ from temper.rollout.requests import (  # noqa: F401 (re-exported: the engine's p
     Sink,
 )
 from temper.rollout.scheduler import Lane, Scheduler, StepEvent
+from temper.rollout.slots import SlotCache, SlotDecoder
 from temper.rollout.standard import StandardDecoder
 
 log = logging.getLogger(__name__)
@@ -89,6 +90,12 @@ class Engine:
             self.decoder = StandardDecoder(self)
         # one forward per step over all running requests (see scheduler.py and mixed.py)
         self.mixed = config.mixed_batches and isinstance(self.decoder, StandardDecoder) and supports(self.model)
+        # decode steps from a static KV slot pool, as CUDA graphs on a GPU (slots.py): the mixed path's decode rows
+        # launch attention per request, which on a GPU costs more than the step's arithmetic
+        self.slot_decoder: SlotDecoder | None = None
+        if self.mixed and (config.slot_decode == "on" or config.slot_decode == "auto" and self.device.type == "cuda"):
+            self.slot_decoder = SlotDecoder(self.model, config.decode_slots,
+                                            min(config.decode_slot_tokens, self.context), graphs=self.device.type == "cuda")
         # lanes with own_process: served by an engine process over model_dir's weights (lane_process.py), so only
         # when this engine's model came from there (not a live policy), and only with a core for it (on one CPU
         # the two processes would take turns: no gain, the second copy of the weights spent). Not on a GPU: the
@@ -341,13 +348,15 @@ class Engine:
     def _run_mixed(self, plan: list[tuple[EngineRequest, str, int]]) -> int:
         """One forward over the plan's decode rows and prefill chunks (``mixed.py``), then each request's
         tokens. A failing forward fails every request in it: their caches may hold a partial update."""
-        items, segments = [], []
+        items, segments, slotted = [], [], []
         for req, kind, n in plan:
             if req.cancelled:
                 with self._lock:
                     self._finish(req, error="cancelled")
                 continue
-            if kind == "decode":
+            if isinstance(req.cache, SlotCache):  # decodes from the slot pool (slots.py), outside the mixed forward
+                slotted.append(req)
+            elif kind == "decode":
                 segments.append(Segment(req.cache, [[req.samples[i].token_ids[-1]] for i in req.active],
                                         req.cache.get_seq_length()))
             else:
@@ -360,7 +369,9 @@ class Engine:
         if not items:
             return 0
         try:
-            logits = mixed_forward(self.model, segments)
+            mixed = iter(mixed_forward(self.model, segments) if segments else [])
+            pooled = iter(self.slot_decoder.decode(slotted) if slotted else [])
+            logits = [next(pooled) if isinstance(req.cache, SlotCache) else next(mixed) for req, _, _ in items]
         except Exception as e:
             log.exception("mixed forward over %d request(s) failed", len(items))
             self.counters["errors"] += len(items)
@@ -404,6 +415,8 @@ class Engine:
             self.prefix_cache.insert(req.prompt, kv_of(req.cache, 0))
         req.state = "decode"
         self.decoder.begin(req, logits)
+        if self.slot_decoder is not None and req.active:
+            self.slot_decoder.adopt(req)  # no free slots or too long: it decodes in the mixed forward instead
 
     def _run_lane(self, lane: Lane, reqs: list[EngineRequest]) -> int:
         budget = lane.config.prefill_chunk_tokens
@@ -451,6 +464,8 @@ class Engine:
             self.lane_processes[req.lane].forget(req)
         self.scheduler.remove(req)
         req.state = "done"
+        if isinstance(req.cache, SlotCache):
+            req.cache.release()
         req.cache = None
         req.extra.pop("caches", None)
         req.extra["finished_at"] = time.perf_counter()
@@ -512,6 +527,10 @@ class Engine:
             return {"steps": self.steps, **self.counters, "lanes": self.scheduler.depth(),
                     "prefix_cache": self.prefix_cache.stats() if self.prefix_cache else None,
                     "prompt_reuse": self.prompt_reuse(), "mixed_batches": self.mixed,
+                    "slot_decode": None if self.slot_decoder is None else {
+                        "steps": self.slot_decoder.steps, "graphs": self.slot_decoder.captures,
+                        "slots": self.slot_decoder.pool.slots, "free": self.slot_decoder.pool.free,
+                        "pool_bytes": self.slot_decoder.pool.nbytes},
                     "lane_processes": {name: {"pid": p.pid, "starts": p.starts, "held": len(p.held),
                                               "prefilled_tokens": p.prefilled_tokens}
                                        for name, p in self.lane_processes.items()},

@@ -216,7 +216,10 @@ class PrefixKVCache:
 
 
 def kv_of(cache, batch_index: int = 0) -> LayerKV:
-    """Per-layer (K, V) views of one batch row of a transformers ``DynamicCache``."""
+    """Per-layer (K, V) views of one batch row of a transformers ``DynamicCache`` (or of a slot pool's
+    ``SlotCache``, which keeps its rows elsewhere)."""
+    if hasattr(cache, "row_kv"):
+        return cache.row_kv(batch_index)
     return [(layer.keys[batch_index:batch_index + 1], layer.values[batch_index:batch_index + 1])
             for layer in cache.layers]
 
