@@ -137,14 +137,14 @@ def write_config(root: Path, name: str, **fields) -> Path:
     return path
 
 
-def bare_args(cfg, output_dir: str) -> dict:
+def bare_args(cfg, output_dir: str, cuda: bool = False, bf16: bool = False) -> dict:
     """The GRPOConfig keyword arguments of the bare run: temper's values (checked in check_same_args)."""
     s = cfg.stage
     return dict(output_dir=output_dir, max_steps=s.max_steps, per_device_train_batch_size=s.per_device_batch_size,
                 gradient_accumulation_steps=1, learning_rate=s.learning_rate, lr_scheduler_type=s.lr_scheduler_type,
                 warmup_steps=s.warmup_steps, weight_decay=s.weight_decay, seed=cfg.seed, data_seed=cfg.seed,
                 logging_steps=1, save_strategy="steps", save_steps=s.checkpoint_every,
-                save_total_limit=s.save_total_limit, report_to=[], optim="adamw_torch", use_cpu=True, bf16=False,
+                save_total_limit=s.save_total_limit, report_to=[], optim="adamw_torch", use_cpu=not cuda, bf16=bf16,
                 fp16=False, dataloader_num_workers=0, disable_tqdm=True, train_sampling_strategy="sequential",
                 remove_unused_columns=False, num_generations=s.num_generations,
                 max_completion_length=s.max_completion_length, temperature=s.temperature, beta=s.beta,
@@ -158,8 +158,11 @@ def check_same_args(cfg, kwargs: dict) -> int:
 
     from temper.training.run import _args
 
-    PartialState(cpu=True)  # as temper.training.run.train does before building its args
-    ours, bare = _args(cfg, None).to_dict(), GRPOConfig(**kwargs).to_dict()
+    from temper.training.device import rank_placement
+
+    placement = rank_placement(cfg.precision)
+    PartialState(cpu=not placement.cuda)  # as temper.training.run.train does before building its args
+    ours, bare = _args(cfg, None, placement).to_dict(), GRPOConfig(**kwargs).to_dict()
     skip = {"output_dir", "logging_dir", "accelerator_config"}  # temper: use_configured_state (its PartialState)
     diff = {k: (ours[k], bare.get(k)) for k in ours if k not in skip and ours[k] != bare.get(k)}
     assert not diff, f"bare TRL args differ from temper's: {diff}"

@@ -71,6 +71,7 @@ class TemperCallback(TrainerCallback):
         self.rollouts = rollouts  # GRPO: the time each step spent sampling (the rest is the training phase)
         self.peak_flops = peak_flops(placement)
         self.params = 0
+        self._tokens_at_step: float | None = None  # num_tokens after the last logged step (MFU's T)
         self.digests, self.uris, self.frames = digests, uris, frames
         self.sampler_state, self.rewards, self.base_model = sampler_state, rewards, base_model
         self.stream = stream
@@ -95,6 +96,7 @@ class TemperCallback(TrainerCallback):
         if self.main and tracking_enabled(self.cfg, self.settings):
             self._start_mlflow()
         self._t_log = self._t_begin = time.perf_counter()
+        self._tokens_at_step = state.num_input_tokens_seen  # restored by a resume: the first step has its T too
         self._step_begin = state.global_step  # > 0 when resumed: the ETA counts this process's pace only
         for path in (self.out / "trajectories").glob("rank*.jsonl"):  # a resumed run: only new episodes are sampled
             self._trajectories_read[path] = path.stat().st_size
@@ -190,9 +192,11 @@ class TemperCallback(TrainerCallback):
             train_s = max(0.0, train_s - logs["rollout_s"])
         logs["train_phase_s"] = train_s
         tokens = logs.get("num_tokens")
-        if self.peak_flops and tokens is not None and self._tokens_at_log is not None and train_s > 0 and self.params:
-            logs["mfu"] = model_flops_utilization(self.params, tokens - self._tokens_at_log, train_s, self.peak_flops,
+        if self.peak_flops and tokens is not None and self._tokens_at_step is not None and train_s > 0 and self.params:
+            logs["mfu"] = model_flops_utilization(self.params, tokens - self._tokens_at_step, train_s, self.peak_flops,
                                                   self.cfg.world_size)
+        if tokens is not None:
+            self._tokens_at_step = tokens
 
     def _log_trajectories(self, step: int) -> None:
         """The first ``SAMPLED_TRAJECTORIES`` episodes per multi-step domain that the ranks of this machine

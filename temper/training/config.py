@@ -200,7 +200,9 @@ class TrainConfig(BaseModel):
     seed: int = Field(default=0, description="Seeds the model init RNG, the domain sampler and data order.")
     world_size: WorldSize = Field(default="auto", validate_default=True, description=WORLD_SIZE_HELP)
     precision: Precision = Field(default="auto", description=PRECISION_HELP)
-    deepspeed: bool = Field(default=True, description="Run under DeepSpeed ZeRO-3; False = plain single-process torch.")
+    deepspeed: bool | Literal["auto"] = Field(
+        default="auto", description="Run under DeepSpeed ZeRO-3; False = plain single-process torch. 'auto': ZeRO-3 "
+        "when world_size > 1 (one rank has nothing to shard: ZeRO-3 would only add its gathers), as the flow does.")
     sft: SFTSettings | None = Field(default=None, description="Settings when mode is sft (defaults if absent).")
     grpo: GRPOSettings | None = Field(default=None, description="Settings when mode is grpo (defaults if absent).")
     resume: Literal["auto", "never"] = Field(default="auto",
@@ -228,6 +230,8 @@ class TrainConfig(BaseModel):
             self.grpo = self.grpo or GRPOSettings()
             check_grpo_batch(self.grpo, self.world_size)
         check_mixing_names(self.mixing_weights, self.domains)
+        if self.deepspeed == "auto":
+            self.deepspeed = self.world_size > 1
         check_deepspeed(self.deepspeed, self.world_size)
         return self
 
