@@ -26,7 +26,11 @@ def engine(base, **kw):
     return Engine(base.config.model_copy(update=kw), model=base.model, tokenizer=base.tokenizer)
 
 
-def test_greedy_tokens_equal_transformers_generate(base):
+@pytest.mark.parametrize("kv_heads", [None, 2])  # 2 of 4: grouped-query attention, as the 0.7B GPU model has
+def test_greedy_tokens_equal_transformers_generate(base, tiny_model, kv_heads):
+    if kv_heads:
+        base = Engine(EngineConfig(model_dir=tiny_model(max_positions=2048, kv_heads=kv_heads), lanes=LANE,
+                                   slot_decode="off"))
     slotted = engine(base, slot_decode="on", decode_slots=8)
     gc = GenerationConfig(max_new_tokens=40, do_sample=False, pad_token_id=0, eos_token_id=2)
     refs = []
