@@ -48,6 +48,7 @@ from workspace import embedded_workspace  # noqa: E402 (benchmarks/workspace.py)
 
 DOMAINS = ["arithmetic", "multiplication"]
 DEVICE = "cuda"
+RUNS = ["temper_trainer", "bare", "temper_engine", "temper_zero3"]
 MODEL = dict(hidden=2048, layers=16, heads=32, kv_heads=8, intermediate=5632, max_positions=2048)
 NEW_TOKENS = 128
 GRPO = dict(per_device_batch_size=16, num_generations=4, max_completion_length=NEW_TOKENS, temperature=1.0,
@@ -192,6 +193,9 @@ def grpo_runs(root: Path, probe, rows_path: Path, steps: int, budget: Budget, se
     kinds = [("temper_trainer", {}), ("bare", None), ("temper_engine", {"generation": "engine"}),
              ("temper_zero3", {"deepspeed": True})]
     for name, extra in kinds:
+        if name not in RUNS:
+            out[name] = {"skipped": "not asked for (--runs)"}
+            continue
         if budget.left() < 60:
             out[name] = {"skipped": f"time budget ({budget.left():.0f} s left)"}
             continue
@@ -335,7 +339,9 @@ def main() -> int:
     ap.add_argument("--tests-log", default=None, help="the gpu tests' output, quoted in the report")
     ap.add_argument("--smoke", action="store_true", help="CPU, tiny model, 2 steps, 8 tokens: checks this script "
                     "itself on a machine without a GPU (its numbers mean nothing)")
+    ap.add_argument("--runs", default=",".join(RUNS), help="GRPO runs to make, of " + ",".join(RUNS))
     args = ap.parse_args()
+    RUNS[:] = args.runs.split(",")
     global DEVICE, NEW_TOKENS
     if args.smoke:
         DEVICE, NEW_TOKENS, args.steps = "cpu", 8, 3

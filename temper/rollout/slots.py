@@ -151,12 +151,13 @@ class SlotDecoder:
         n = len(ids)
         b = _bucket(n, self.pool.slots)
         pad = b - n
+        length = _bucket(max(pos) + 1, self.pool.max_len, MIN_LENGTH_BUCKET)
+        # a new bucket is captured first: capturing runs the forward on padding inputs, so it must not see these
+        g = (self._graphs.get((b, length)) or self._capture(b, length)) if self.graphs else None
         self.ids[:b].copy_(torch.tensor(ids + [0] * pad), non_blocking=True)
         self.pos[:b].copy_(torch.tensor(pos + [0] * pad), non_blocking=True)
         self.rows[:b].copy_(torch.tensor(rows + [self.pool.pad_slot] * pad), non_blocking=True)
-        length = _bucket(max(pos) + 1, self.pool.max_len, MIN_LENGTH_BUCKET)
-        if self.graphs:
-            g = self._graphs.get((b, length)) or self._capture(b, length)
+        if g is not None:
             g.graph.replay()
             logits = g.logits[:n].clone()
         else:
@@ -171,7 +172,8 @@ class SlotDecoder:
         return out
 
     def _capture(self, b: int, length: int) -> _Graph:
-        # padding inputs while warming up and capturing: their K/V writes go to the padding slot
+        """Capture bucket (b, length). It overwrites the static inputs with padding (their K/V writes go to the
+        padding slot): call it before filling them for a step."""
         self.ids[:b].zero_()
         self.pos[:b].zero_()
         self.rows[:b].fill_(self.pool.pad_slot)
