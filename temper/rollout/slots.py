@@ -18,7 +18,10 @@ mask. Rows are padded to a bucket (a power of two) and L is the smallest bucket 
 longest row, so a handful of graphs (captured lazily, one per (rows, L) bucket) serve a run.
 
 On CPU the same forward runs eagerly (``graphs=False``, ``EngineConfig.slot_decode: on``): that
-is how the CPU tests check it against the mixed forward, token for token.
+is how the CPU tests check it against the mixed forward, token for token. With ``graphs=True`` off
+CUDA, a "capture" runs the forward once on padding inputs and a "replay" reruns it reading the
+static inputs, so the CPU tests also check the capture/replay protocol (a capture overwrites the
+inputs: it must come before a step fills them, which a GPU run once got wrong).
 
 Supported: the models ``mixed.py`` supports (Llama-style layers, full attention). A request whose
 prompt plus ``max_tokens`` exceeds ``max_len``, or that finds no free slots, decodes on the
@@ -99,8 +102,21 @@ class SlotCache:
 
 @dataclass
 class _Graph:
-    graph: object
+    graph: object  # torch.cuda.CUDAGraph, or _Rerun off CUDA
     logits: torch.Tensor
+
+
+class _Rerun:
+    """Off CUDA (CPU tests of the capture protocol): ``replay`` reruns the forward into the captured output, reading
+    the static inputs as a graph replay does."""
+
+    def __init__(self, decoder: SlotDecoder, b: int, length: int) -> None:
+        self.decoder, self.b, self.length = decoder, b, length
+        self.out: torch.Tensor | None = None
+
+    def replay(self) -> None:
+        assert self.out is not None
+        self.out.copy_(self.decoder.static_forward(self.b, self.length))
 
 
 class SlotDecoder:
@@ -177,6 +193,12 @@ class SlotDecoder:
         self.ids[:b].zero_()
         self.pos[:b].zero_()
         self.rows[:b].fill_(self.pool.pad_slot)
+        if self.device.type != "cuda":
+            rerun = _Rerun(self, b, length)
+            rerun.out = self.static_forward(b, length)
+            self._graphs[(b, length)] = g = _Graph(rerun, rerun.out)
+            self.captures += 1
+            return g
         stream = torch.cuda.Stream(self.device)
         stream.wait_stream(torch.cuda.current_stream(self.device))
         with torch.cuda.stream(stream):

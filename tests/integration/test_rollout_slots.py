@@ -32,6 +32,8 @@ def test_greedy_tokens_equal_transformers_generate(base, tiny_model, kv_heads):
         base = Engine(EngineConfig(model_dir=tiny_model(max_positions=2048, kv_heads=kv_heads), lanes=LANE,
                                    slot_decode="off"))
     slotted = engine(base, slot_decode="on", decode_slots=8)
+    replayed = engine(base, slot_decode="on", decode_slots=8)
+    replayed.slot_decoder.graphs = True  # off CUDA: capture = a forward on padding inputs, replay = a rerun
     gc = GenerationConfig(max_new_tokens=40, do_sample=False, pad_token_id=0, eos_token_id=2)
     refs = []
     for p in PROMPTS:
@@ -43,6 +45,10 @@ def test_greedy_tokens_equal_transformers_generate(base, tiny_model, kv_heads):
     stats = slotted.stats()["slot_decode"]
     assert stats["steps"] >= 39 and stats["graphs"] == 0  # eager on CPU: no CUDA graph
     assert stats["free"] == stats["slots"] == 8  # every slot given back
+    # the capture/replay order of the GPU path: buckets captured mid-run, every step's inputs still its own
+    got = replayed.generate(PROMPTS, SamplingParams(max_tokens=40, temperature=0.0))
+    assert [r.samples[0].token_ids for r in got] == refs
+    assert replayed.stats()["slot_decode"]["graphs"] >= 2
 
 
 def test_sampled_groups_match_the_mixed_path(base):
