@@ -46,8 +46,12 @@ def visible_gpus() -> int:
 
 
 def resolve_world_size(requested: int | str) -> int:
-    """``auto``: one rank per visible GPU, else ``CPU_WORLD_SIZE``; a number as given."""
+    """``auto``: in a rank of a started job, the job's size (``WORLD_SIZE``, set by the launcher: a Kubernetes job
+    of 2 pods x 4 GPUs is 8 whatever one pod sees); elsewhere one rank per visible GPU, else ``CPU_WORLD_SIZE``.
+    A number as given."""
     if requested == "auto":
+        if os.environ.get("WORLD_SIZE", "").isdigit():
+            return int(os.environ["WORLD_SIZE"])
         return visible_gpus() or CPU_WORLD_SIZE
     return int(requested)
 

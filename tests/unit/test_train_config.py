@@ -202,3 +202,18 @@ def test_rollout_for_routes_generation_and_refuses_vllm_for_multi_step_domains()
     assert not rollout_for([single, multi], [], "trainer").use_engine
     with pytest.raises(ValueError, match="'vllm' supports single-turn domains only; multi-step domains .*ledger_tasks"):
         rollout_for([single, multi], [], "vllm")
+
+
+def test_world_size_auto_is_the_started_jobs_size_in_a_rank_and_the_machines_elsewhere(monkeypatch):
+    from temper.training.device import CPU_WORLD_SIZE, resolve_world_size, visible_gpus
+
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    assert resolve_world_size("auto") == (visible_gpus() or CPU_WORLD_SIZE)
+    assert resolve_world_size(3) == 3
+    monkeypatch.setenv("WORLD_SIZE", "8")  # a rank of a job of 2 pods x 4 GPUs, whatever this pod sees
+    assert resolve_world_size("auto") == 8
+    cfg = load_config(REPO / "configs/train/sft.yaml")
+    assert cfg.world_size == 8 and cfg.deepspeed is True
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+    monkeypatch.delenv("WORLD_SIZE")
+    assert visible_gpus() == 0 and resolve_world_size("auto") == CPU_WORLD_SIZE
