@@ -155,3 +155,49 @@ def test_replay_names_a_bad_trajectory_file_in_one_line(tmp_path, capsys, conten
     assert main(["replay", str(path)]) == 1
     err = capsys.readouterr().err.strip()
     assert message in err and str(path) in err and len(err.splitlines()) == 1, err
+
+
+@pytest.mark.parametrize("make", ["file", "under a file", "folder with files"])
+def test_init_tiny_refuses_an_out_it_would_fail_on_or_write_over(tmp_path, capsys, make):
+    from temper.cli import main
+
+    (tmp_path / "f").write_text("keep me")
+    (tmp_path / "model").mkdir()
+    (tmp_path / "model" / "config.json").write_text("{}")
+    out = {"file": tmp_path / "f", "under a file": tmp_path / "f" / "tiny", "folder with files": tmp_path / "model"}[make]
+    message = {"file": f"--out {out} is a file, not a folder", "under a file": f"{tmp_path / 'f'} is a file, not a folder",
+               "folder with files": f"--out {out} already exists and is not empty; pass --force"}[make]
+    assert main(["model", "init-tiny", "--out", str(out)]) == 1
+    err = capsys.readouterr().err.strip()
+    assert message in err and len(err.splitlines()) == 1, err
+    assert (tmp_path / "f").read_text() == "keep me" and (tmp_path / "model" / "config.json").read_text() == "{}"
+
+
+def test_init_tiny_writes_over_a_folder_with_force_and_into_an_empty_one(tmp_path, capsys):
+    from temper.cli import main
+
+    (tmp_path / "empty").mkdir()
+    assert main(["model", "init-tiny", "--out", str(tmp_path / "empty"), "--hidden", "8", "--heads", "2"]) == 0
+    (tmp_path / "model").mkdir()
+    (tmp_path / "model" / "config.json").write_text("{}")
+    assert main(["model", "init-tiny", "--out", str(tmp_path / "model"), "--hidden", "8", "--heads", "2", "--force"]) == 0
+    assert "writing over" in capsys.readouterr().err
+    assert '"hidden_size": 8' in (tmp_path / "model" / "config.json").read_text()
+
+
+@pytest.mark.parametrize("uri", ["foo://x", "s3://bucket/mlflow", "ftp://host/x"])
+@pytest.mark.parametrize("argv", [["lineage", "temper-demo"], ["models", "list", "temper-demo"]])
+def test_a_tracking_uri_mlflow_has_no_store_for_is_one_line(tmp_path, monkeypatch, capsys, uri, argv):
+    from temper.cli import main
+    from temper.core.settings import get_settings
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("TEMPER_TRACKING_URI", uri)
+    get_settings.cache_clear()
+    try:
+        assert main(argv) == 1
+    finally:
+        get_settings.cache_clear()
+    err = capsys.readouterr().err.strip()
+    assert f"tracking URI {uri!r} (TEMPER_TRACKING_URI): MLflow has no store for scheme {uri.split(':')[0]!r}" in err
+    assert len(err.splitlines()) == 1, err
