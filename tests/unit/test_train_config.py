@@ -202,3 +202,13 @@ def test_rollout_for_routes_generation_and_refuses_vllm_for_multi_step_domains()
     assert not rollout_for([single, multi], [], "trainer").use_engine
     with pytest.raises(ValueError, match="'vllm' supports single-turn domains only; multi-step domains .*ledger_tasks"):
         rollout_for([single, multi], [], "vllm")
+
+
+@pytest.mark.parametrize("mode", ["sft", "grpo"])
+@pytest.mark.parametrize("steps", [0, -3])
+def test_a_max_steps_flag_below_1_blames_the_flag_not_the_config(tmp_path, capsys, mode, steps):
+    from temper.cli import main
+
+    assert main(["train", mode, "--config", str(REPO / f"configs/train/{mode}.yaml"), "--max-steps", str(steps)]) == 1
+    err = capsys.readouterr().err
+    assert err == f"temper: error: --max-steps must be >= 1, got {steps} (it overrides the config's max_steps)\n"
