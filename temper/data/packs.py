@@ -265,8 +265,10 @@ def pack_of(domain: Domain) -> str | None:
 
 
 def describe(domains: list[Domain]) -> list[dict[str, Any]]:
-    """Rows of `temper domains list`: name, pack, source, family, rows, ratio (normalised share too)."""
-    total = sum(d.sampling_ratio for d in domains) or 1.0
+    """Rows of `temper domains list`: name, pack, source, family, role, rows, ratio, and share: the
+    domain's part of an RL batch, normalised over the trainable domains only (an eval-only domain is
+    never sampled for training: its share is 0, and counting it would shrink every other one)."""
+    total = sum(d.sampling_ratio for d in domains if d.trainable) or 1.0
     return [{"name": d.name, "pack": d._pack, "source": d.dataset.generator or d.dataset.uri,
-             "family": d.verifier.family, "rows": d.dataset.rows, "ratio": d.sampling_ratio,
-             "share": round(d.sampling_ratio / total, 6)} for d in domains]
+             "family": d.verifier.family, "role": d.role, "rows": d.dataset.rows, "ratio": d.sampling_ratio,
+             "share": round(d.sampling_ratio / total, 6) if d.trainable else 0.0} for d in domains]
