@@ -68,6 +68,7 @@ def _check_scheme(uri: str) -> None:
     """A tracking URI whose scheme MLflow has no store for (``foo://x``) is one line naming it, here, rather
     than MLflow's traceback at the first call that needs the store."""
     try:  # MLflow's own table of schemes (plugins add theirs), private: without it the first call reports
+        # lazy: mlflow (1.6 s) would load in fast unit tests (test_domain_roles.py)
         from mlflow.tracking._tracking_service.utils import _tracking_store_registry as stores
         from mlflow.tracking.registry import UnsupportedModelRegistryStoreURIException as Unsupported
     except ImportError:
