@@ -20,7 +20,11 @@ $(STAMP): pyproject.toml
 system-deps:
 	bash scripts/system-deps.sh
 
+# The demo's domains (arithmetic, multiplication) score in process; sandboxed ones (code, shell, rg-*) need
+# bubblewrap (`make system-deps`): `temper demo --domain ...` stops up front, naming them, when it is missing.
 demo: $(STAMP)
+	@command -v bwrap >/dev/null || echo "note: bubblewrap (bwrap) is not installed: fine for the demo's domains;" \
+		"sandboxed ones (code, shell, rg-*) need it: make system-deps"
 	$(VENV)/bin/temper demo
 
 # Not the tests that need an image built here (pods as real containers, the worker's image):

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import difflib
+
 from pathlib import Path
 from typing import Literal
 
@@ -59,9 +61,17 @@ class Contract(BaseModel):
 
     @model_validator(mode="after")
     def _rules_known(self) -> "Contract":
-        for r in self.rules:
+        for i, r in enumerate(self.rules):
             if r.rule not in RULES:
                 raise ValueError(f"unknown rule {r.rule!r}; known: {', '.join(sorted(RULES))}")
+            # a rule over a column the contract does not require fails every row, which reads as bad data
+            for key in ("column", "with_column"):
+                value = getattr(r, key)
+                if value is not None and value not in self.columns:
+                    close = difflib.get_close_matches(value, list(self.columns), n=1)
+                    hint = f" (did you mean {close[0]!r}?)" if close else ""
+                    raise ValueError(f"rules[{i}].{key}: {value!r} is not a column of the contract{hint}; "
+                                     f"columns: {', '.join(self.columns)}")
         return self
 
 

@@ -51,6 +51,7 @@ def configure(settings: Settings | None = None, *, existing: bool = False, wait:
     settings = settings or get_settings()
     os.environ.update(mlflow_retry_env(settings.tracking_retry_s))
     uri = settings.resolved_tracking_uri
+    _check_scheme(uri)
     if uri.startswith("sqlite:///"):
         db = Path(uri.removeprefix("sqlite:///"))
         if existing and not db.is_file():
@@ -61,6 +62,23 @@ def configure(settings: Settings | None = None, *, existing: bool = False, wait:
     if uri.startswith(("http://", "https://")):
         _check_health(uri, settings.tracking_retry_s if wait else 0)
     return uri
+
+
+def _check_scheme(uri: str) -> None:
+    """A tracking URI whose scheme MLflow has no store for (``foo://x``) is one line naming it, here, rather
+    than MLflow's traceback at the first call that needs the store."""
+    try:  # MLflow's own table of schemes (plugins add theirs), private: without it the first call reports
+        # lazy: mlflow (1.6 s) would load in fast unit tests (test_domain_roles.py)
+        from mlflow.tracking._tracking_service.utils import _tracking_store_registry as stores
+        from mlflow.tracking.registry import UnsupportedModelRegistryStoreURIException as Unsupported
+    except ImportError:
+        return
+    try:
+        stores.get_store_builder(uri)
+    except Unsupported:
+        schemes = ", ".join(s for s in getattr(stores, "_registry", {}) if s)
+        raise TrackingError(f"tracking URI {uri!r} (TEMPER_TRACKING_URI): MLflow has no store for scheme "
+                            f"{uri.split(':', 1)[0]!r}; use one of {schemes} or a local path") from None
 
 
 def mlflow_retry_env(budget_s: float) -> dict[str, str]:

@@ -11,6 +11,9 @@ from __future__ import annotations
 import argparse
 import os
 import time
+from pathlib import Path
+
+from temper.core.errors import TemperError
 
 
 def demo(args: argparse.Namespace) -> int:
@@ -19,7 +22,7 @@ def demo(args: argparse.Namespace) -> int:
     from temper.core.settings import get_settings
 
     settings = get_settings()
-    os.environ.setdefault("PREFECT_HOME", str((settings.home / "prefect").resolve()))
+    prefect_home(settings)
     os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "180")
     os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
 
@@ -39,8 +42,12 @@ def demo(args: argparse.Namespace) -> int:
         print(f"[demo] {'wrote' if r.status == 'written' else 'kept ' if r.status == 'kept' else 'FAILED'} "
               f"{r.domain} " + (f"sha256={r.digest[:12]} {r.uri}" if r.status != "failed" else r.error), flush=True)
 
-    results = generate_datasets(select_domains(load_catalog(settings.catalog_dir), params.domains), settings,
-                                progress=show)
+    catalog = load_catalog(settings.catalog_dir)
+    chosen = select_domains(catalog, params.domains)
+    if (params.backend or settings.backend) == "local" and settings.sandbox_backend == "bwrap":
+        evaluated = select_domains(catalog, params.eval.domains) if params.eval.domains else []
+        check_sandbox({d.name: d for d in chosen + evaluated}.values())
+    results = generate_datasets(chosen, settings, progress=show)
     if any(r.status == "failed" for r in results):
         print("[demo] some datasets could not be generated (above): nothing was trained")
         return 1
@@ -62,6 +69,35 @@ def demo(args: argparse.Namespace) -> int:
           f"[demo] load it: mlflow.transformers.load_model('models:/{reg['name']}@{reg['alias']}'); serve it: "
           f"MLFLOW_TRACKING_URI={uri} mlflow models serve --env-manager local -m models:/{reg['name']}@{reg['alias']}")
     return 0
+
+
+def prefect_home(settings) -> Path:
+    """Point Prefect's ephemeral API at ``<TEMPER_HOME>/prefect`` (unless PREFECT_HOME is set) and make
+    the folder: Prefect does not make its parents, and with the store and tracking elsewhere (s3://, an
+    MLflow server) nothing else creates TEMPER_HOME first; the API then never starts and the flow waits
+    out the startup timeout."""
+    home = Path(os.environ.setdefault("PREFECT_HOME", str((settings.home / "prefect").resolve())))
+    try:
+        home.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise TemperError(f"PREFECT_HOME {home} (under TEMPER_HOME {settings.home}) cannot be created: "
+                          f"{e.strerror or e}") from None
+    return home
+
+
+def check_sandbox(domains) -> None:
+    """Domains whose verifier runs programs need bubblewrap here: say so before anything is generated or
+    trained (the default demo domains, arithmetic and multiplication, do not)."""
+    # lazy: the sandbox and verifier registry would load at every `temper` start-up
+    from infra.sandbox.bwrap import bwrap_available
+    from temper.verifiers.registry import sandbox_profile_of
+
+    sandboxed = sorted(d.name for d in domains
+                       if d.sandbox_profile != "none" or sandbox_profile_of(d.verifier.family) != "none")
+    if sandboxed and not bwrap_available():
+        more = f" (and {len(sandboxed) - 3} more)" if len(sandboxed) > 3 else ""
+        raise TemperError(f"domain(s) {', '.join(sandboxed[:3])}{more} score in the sandbox, which needs bubblewrap "
+                          "and prlimit: `make system-deps` (or apt-get install -y bubblewrap util-linux)")
 
 
 def register(sub) -> None:

@@ -17,9 +17,10 @@ def list_domains(args) -> int:
     catalog = load_catalog(args.catalog or get_settings().catalog_dir)
     domains = [catalog[n] for n in sorted(catalog)]
     if args.pack:
-        domains = [d for d in domains if d._pack == args.pack]
+        # a pack by its name (rg) or by its file's (reasoning_gym.yaml): people meet the file first
+        domains = [d for d in domains if args.pack in (d._pack, Path(d.source_file or "").stem)]
         if not domains:
-            packs = sorted({d._pack for d in catalog.values() if d._pack})
+            packs = sorted({f"{d._pack} (file {d.source_file})" for d in catalog.values() if d._pack})
             raise CatalogError(f"--pack {args.pack}: no such pack; packs: {', '.join(packs) or 'none'}")
     rows = describe(domains)
     if args.json:
@@ -39,6 +40,8 @@ def register(sub) -> None:
     s = p.add_subparsers(dest="domains_command", required=True, metavar="SUBCOMMAND")
     ls = s.add_parser("list", help="every domain: name, source, verifier family, rows, sampling ratio")
     ls.add_argument("--catalog", type=Path, default=None, help="domain catalog directory (default: settings)")
-    ls.add_argument("--pack", default=None, metavar="NAME", help="only the domains this pack expands to")
-    ls.add_argument("--json", action="store_true", help="print JSON rows (name, pack, source, family, rows, ratio, share)")
+    ls.add_argument("--pack", default=None, metavar="NAME",
+                    help="only the domains this pack expands to: its name (rg) or its file's (reasoning_gym)")
+    ls.add_argument("--json", action="store_true", help="print JSON rows (name, pack, source, family, role, rows, ratio, share: "
+                    "the part of an RL batch, over trainable domains; 0 for eval-only ones)")
     ls.set_defaults(func=list_domains)

@@ -7,6 +7,7 @@ guards it. The catalog is a directory; every ``*.yaml`` under it is one domain.
 
 from __future__ import annotations
 
+import difflib
 import fnmatch
 from pathlib import Path
 
@@ -91,5 +92,12 @@ def select_domains(catalog: dict[str, Domain], patterns: list[str] | None) -> li
     chosen = sorted({n for n in catalog for p in patterns if fnmatch.fnmatchcase(n, p)})
     unmatched = [p for p in patterns if not any(fnmatch.fnmatchcase(n, p) for n in catalog)]
     if unmatched:
-        raise CatalogError(f"no domain matches {', '.join(unmatched)}; known: {', '.join(sorted(catalog))}")
+        raise CatalogError(f"no domain matches {'; '.join(closest(p, catalog) for p in unmatched)} "
+                           f"(`temper domains list` shows all {len(catalog)})")
     return [catalog[n] for n in chosen]
+
+
+def closest(pattern: str, names, n: int = 5) -> str:
+    """``pattern`` and the few names nearest to it: with hundreds of pack domains, the full list buries the typo."""
+    near = difflib.get_close_matches(pattern, sorted(names), n=n, cutoff=0.6)
+    return f"{pattern} (closest: {', '.join(near)})" if near else f"{pattern} (no close name)"

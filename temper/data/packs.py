@@ -31,6 +31,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from temper.core.errors import CatalogError, describe_validation_error
 from temper.data.domain import Domain, VerifierSpec
+from temper.data.pack_contract import fill, load_template
 
 INDEX_DIR = Path(__file__).resolve().parent / "pack_index"
 SOURCES = {"reasoning_gym": "reasoning-gym"}  # pack source -> distribution whose version pins the index
@@ -125,29 +126,6 @@ def pack_digest(pack: Pack) -> str:
     return hashlib.sha256(json.dumps([body, GENERATION_VERSION], sort_keys=True).encode()).hexdigest()
 
 
-def _contract_template(pack: Pack, path: Path, contracts_dir: Path) -> dict[str, Any]:
-    # lazy: yaml (11 ms), via config_files, would load in fast unit tests (test_generators.py)
-    from temper.core.config_files import read_yaml
-
-    tpl = contracts_dir / "templates" / f"{pack.contract_template}.yaml"
-    if not tpl.is_file():
-        raise CatalogError(f"{path}: field 'contract_template': no template {tpl}")
-    raw = read_yaml(tpl, CatalogError, "contract template")
-    if not isinstance(raw, dict):
-        raise CatalogError(f"{tpl}: expected a mapping of contract fields")
-    return raw
-
-
-def _fill(node: Any, values: dict[str, str]) -> Any:
-    if isinstance(node, str):
-        return string.Template(node).safe_substitute(values)
-    if isinstance(node, list):
-        return [_fill(v, values) for v in node]
-    if isinstance(node, dict):
-        return {k: _fill(v, values) for k, v in node.items()}
-    return node
-
-
 def _check_template(template: str, field: str, keys: set[str], path: Path) -> None:
     for _, name, _, _ in string.Formatter().parse(template):
         if name is not None and name not in keys:
@@ -193,7 +171,8 @@ def expand_pack(path: Path | str, raw: dict[str, Any], contracts_dir: Path | Non
     # lazy: pydantic_settings (130 ms), via settings, would load in fast unit tests (test_catalog.py)
     from temper.core.settings import get_settings
 
-    template = _contract_template(pack, path, contracts_dir or get_settings().resolved_contracts_dir)
+    template = load_template(pack.contract_template, path, contracts_dir or get_settings().resolved_contracts_dir,
+                             pack.source)
     fmt_keys = {"pack", "task", "tier", "source"}
     _check_template(pack.name_template, "name_template", fmt_keys, path)
     _check_template(pack.description_template, "description_template", fmt_keys, path)
@@ -238,7 +217,7 @@ def expand_pack(path: Path | str, raw: dict[str, Any], contracts_dir: Path | Non
                       "eval_min": str(max(0.0, pack.eval_fraction - pack.eval_fraction_tolerance)),
                       "eval_max": str(min(1.0, pack.eval_fraction + pack.eval_fraction_tolerance))}
             try:
-                contract = Contract.model_validate(_fill(template, values))
+                contract = Contract.model_validate(fill(template, values))
             except ValidationError as e:
                 where = f"{path}: task {task!r} tier {tier!r}: contract template {pack.contract_template!r}"
                 raise CatalogError(describe_validation_error(where, e)) from None
@@ -265,8 +244,10 @@ def pack_of(domain: Domain) -> str | None:
 
 
 def describe(domains: list[Domain]) -> list[dict[str, Any]]:
-    """Rows of `temper domains list`: name, pack, source, family, rows, ratio (normalised share too)."""
-    total = sum(d.sampling_ratio for d in domains) or 1.0
+    """Rows of `temper domains list`: name, pack, source, family, role, rows, ratio, and share: the
+    domain's part of an RL batch, normalised over the trainable domains only (an eval-only domain is
+    never sampled for training: its share is 0, and counting it would shrink every other one)."""
+    total = sum(d.sampling_ratio for d in domains if d.trainable) or 1.0
     return [{"name": d.name, "pack": d._pack, "source": d.dataset.generator or d.dataset.uri,
-             "family": d.verifier.family, "rows": d.dataset.rows, "ratio": d.sampling_ratio,
-             "share": round(d.sampling_ratio / total, 6)} for d in domains]
+             "family": d.verifier.family, "role": d.role, "rows": d.dataset.rows, "ratio": d.sampling_ratio,
+             "share": round(d.sampling_ratio / total, 6) if d.trainable else 0.0} for d in domains]

@@ -99,6 +99,7 @@ def format_trail(model: str, alias: str, events: list[AuditEvent]) -> str:
     for e in events:
         prev = f"v{e.previous}" if e.previous else "unset"
         flags = " FORCED" if e.forced else ""
-        gate = f"  gate: {e.gate}" if e.gate else ""
+        # the flow's reason already quotes the gate ("post_training gate: <gate>"): say it once
+        gate = f"  gate: {e.gate}" if e.gate and e.gate not in e.reason else ""
         lines.append(f"#{e.seq} {e.time} {e.action}{flags} {prev} -> v{e.version} by {e.by}: {e.reason}{gate}")
     return "\n".join(lines)

@@ -20,7 +20,8 @@ def eval_tags(results: dict[str, dict[str, Any]]) -> dict[str, str]:
 
 
 def parse_eval_tags(tags: dict[str, str]) -> dict[str, dict[str, float]]:
-    """``temper.eval.<domain>.<metric>`` tags -> domain -> metric -> value (domain may contain dots).
+    """``temper.eval.<domain>.<metric>`` tags -> domain -> metric -> value (domain may contain dots;
+    ``n``, a count, is an int).
 
     Only the known metrics count (so ``temper.eval.label`` on a run, or any other tag under the
     prefix, is not mistaken for a domain); unreadable values are skipped.
@@ -33,9 +34,11 @@ def parse_eval_tags(tags: dict[str, str]) -> dict[str, dict[str, float]]:
         if not domain or metric not in METRICS:
             continue
         try:
-            out.setdefault(domain, {})[metric] = float(value)
+            number = float(value)
         except ValueError:
             continue
+        # a count is an int (tags are strings: "64" or, from older writers, "64.0")
+        out.setdefault(domain, {})[metric] = int(number) if metric == "n" and number.is_integer() else number
     return dict(sorted(out.items()))
 
 

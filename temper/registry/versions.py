@@ -77,7 +77,7 @@ class VersionSummary:
     base_model: str | None
     datasets: list[dict[str, str]]
     evals: dict[str, dict[str, float]]
-    gate_passed: str | None
+    gate_passed: bool | None
     run_id: str | None
 
 
@@ -109,11 +109,17 @@ def list_versions(model: str) -> list[VersionSummary]:
     out = []
     for mv in all_versions(c, model):
         v = version_of(mv)
-        out.append(VersionSummary(
-            version=v, aliases=sorted(by_version.get(v, [])), created=_iso(mv.creation_timestamp),
-            base_model=mv.tags.get("temper.base_model"), datasets=_datasets_of(model, v) if mv.run_id else [],
-            evals=parse_eval_tags(mv.tags), gate_passed=mv.tags.get("temper.gate.passed"), run_id=mv.run_id))
+        out.append(summarize(mv, sorted(by_version.get(v, [])), _datasets_of(model, v) if mv.run_id else []))
     return out
+
+
+def summarize(mv: Any, aliases: list[str], datasets: list[dict[str, str]]) -> VersionSummary:
+    """One version as ``temper models list`` shows it, typed (MLflow tags are strings): the gate's
+    verdict a bool (None when the version has none), eval counts ints."""
+    passed = {"true": True, "false": False}.get(str(mv.tags.get("temper.gate.passed", "")).lower())
+    return VersionSummary(version=version_of(mv), aliases=aliases, created=_iso(mv.creation_timestamp),
+                          base_model=mv.tags.get("temper.base_model"), datasets=datasets,
+                          evals=parse_eval_tags(mv.tags), gate_passed=passed, run_id=mv.run_id)
 
 
 def num(x: float | None, spec: str = ".3f") -> str:
@@ -125,7 +131,7 @@ def format_versions(model: str, versions: list[VersionSummary]) -> str:
     for v in versions:
         aliases = " ".join(f"@{a}" for a in v.aliases)
         lines.append(f"v{v.version} {aliases}".rstrip() + f"  created {v.created}  base={v.base_model or '-'}"
-                     f"  gate_passed={v.gate_passed or '-'}")
+                     f"  gate_passed={'-' if v.gate_passed is None else str(v.gate_passed).lower()}")
         for d in v.datasets:
             lines.append(f"    dataset {d['name']} digest={d['digest']}")
         for domain, m in v.evals.items():

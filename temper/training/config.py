@@ -265,6 +265,8 @@ def load_config(path: str | Path, max_steps: int | None = None, mode: str | None
 
     Errors name the file and the field, in the format of every temper config file.
     """
+    if max_steps is not None and max_steps < 1:  # the flag is wrong, not the file: say so before reading it
+        raise TrainingError(f"--max-steps must be >= 1, got {max_steps} (it overrides the config's max_steps)")
     raw = read_yaml(path, TrainingError, "training config")
     if isinstance(raw, dict):
         if mode is not None and raw.get("mode") in ("sft", "grpo") and raw["mode"] != mode:

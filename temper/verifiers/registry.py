@@ -37,6 +37,13 @@ def known_families() -> set[str]:
     return set(_REGISTRY)
 
 
+def sandbox_profile_of(family: str) -> str:
+    """The sandbox profile a family's verifier runs programs in ('none': it scores in process)."""
+    _load()
+    cls = _REGISTRY.get(family)
+    return cls.sandbox_profile if cls is not None else "none"
+
+
 def get_verifier(family: str, params: dict[str, Any] | None = None) -> Verifier:
     _load()
     try:

@@ -199,7 +199,7 @@ def test_promote_rollback_twice_then_nothing_left(tracked, model, capsys):
     listed = {v["version"]: v for v in json.loads(out)}
     assert list(listed) == ["1", "2", "3"]
     assert listed["1"]["aliases"] == ["champion"] and listed["3"]["aliases"] == ["candidate"]
-    assert listed["2"]["base_model"] == "tiny" and listed["2"]["gate_passed"] == "false"
+    assert listed["2"]["base_model"] == "tiny" and listed["2"]["gate_passed"] is False
     assert listed["2"]["evals"]["arithmetic"] == {"mean_reward": 0.9, "pass_rate": 0.9, "n": 40.0}
     assert listed["2"]["datasets"] == [{"name": "arithmetic", "digest": digest("arithmetic")[:32]},
                                        {"name": "tool_calls", "digest": digest("tool_calls")[:32]}]

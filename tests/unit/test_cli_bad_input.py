@@ -155,3 +155,106 @@ def test_replay_names_a_bad_trajectory_file_in_one_line(tmp_path, capsys, conten
     assert main(["replay", str(path)]) == 1
     err = capsys.readouterr().err.strip()
     assert message in err and str(path) in err and len(err.splitlines()) == 1, err
+
+
+@pytest.mark.parametrize("make", ["file", "under a file", "folder with files"])
+def test_init_tiny_refuses_an_out_it_would_fail_on_or_write_over(tmp_path, capsys, make):
+    from temper.cli import main
+
+    (tmp_path / "f").write_text("keep me")
+    (tmp_path / "model").mkdir()
+    (tmp_path / "model" / "config.json").write_text("{}")
+    out = {"file": tmp_path / "f", "under a file": tmp_path / "f" / "tiny", "folder with files": tmp_path / "model"}[make]
+    message = {"file": f"--out {out} is a file, not a folder", "under a file": f"{tmp_path / 'f'} is a file, not a folder",
+               "folder with files": f"--out {out} already exists and is not empty; pass --force"}[make]
+    assert main(["model", "init-tiny", "--out", str(out)]) == 1
+    err = capsys.readouterr().err.strip()
+    assert message in err and len(err.splitlines()) == 1, err
+    assert (tmp_path / "f").read_text() == "keep me" and (tmp_path / "model" / "config.json").read_text() == "{}"
+
+
+def test_init_tiny_writes_over_a_folder_with_force_and_into_an_empty_one(tmp_path, capsys):
+    from temper.cli import main
+
+    (tmp_path / "empty").mkdir()
+    assert main(["model", "init-tiny", "--out", str(tmp_path / "empty"), "--hidden", "8", "--heads", "2"]) == 0
+    (tmp_path / "model").mkdir()
+    (tmp_path / "model" / "config.json").write_text("{}")
+    assert main(["model", "init-tiny", "--out", str(tmp_path / "model"), "--hidden", "8", "--heads", "2", "--force"]) == 0
+    assert "writing over" in capsys.readouterr().err
+    assert '"hidden_size": 8' in (tmp_path / "model" / "config.json").read_text()
+
+
+@pytest.mark.parametrize("uri", ["foo://x", "s3://bucket/mlflow", "ftp://host/x"])
+@pytest.mark.parametrize("argv", [["lineage", "temper-demo"], ["models", "list", "temper-demo"]])
+def test_a_tracking_uri_mlflow_has_no_store_for_is_one_line(tmp_path, monkeypatch, capsys, uri, argv):
+    from temper.cli import main
+    from temper.core.settings import get_settings
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("TEMPER_TRACKING_URI", uri)
+    get_settings.cache_clear()
+    try:
+        assert main(argv) == 1
+    finally:
+        get_settings.cache_clear()
+    err = capsys.readouterr().err.strip()
+    assert f"tracking URI {uri!r} (TEMPER_TRACKING_URI): MLflow has no store for scheme {uri.split(':')[0]!r}" in err
+    assert len(err.splitlines()) == 1, err
+
+
+def test_demo_makes_the_prefect_home_when_temper_home_does_not_exist_yet(tmp_path, monkeypatch):
+    """The store on s3:// and tracking on a server: nothing else creates TEMPER_HOME before the flow starts
+    Prefect's ephemeral API under it, so the demo must (else "Failed to create the Prefect home directory" and
+    a ~200 s timeout)."""
+    import sys
+    import types
+
+    from infra import lineage
+    from temper.cli import main
+    from temper.core.settings import get_settings
+    from temper.data import generators
+
+    home = tmp_path / "not" / "yet" / "home"
+    monkeypatch.setenv("TEMPER_HOME", str(home))
+    monkeypatch.setenv("TEMPER_STORAGE_ROOT", "s3://bucket/temper")
+    monkeypatch.setenv("TEMPER_TRACKING_URI", "http://mlflow.example:5000")
+    for var in ("PREFECT_HOME", "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "PREFECT_SERVER_ANALYTICS_ENABLED"):
+        monkeypatch.delenv(var, raising=False)
+    # stand-ins for the server, the bucket and the flow: what the flow would find when it starts Prefect
+    monkeypatch.setattr(lineage, "configure", lambda settings=None, **kw: "http://mlflow.example:5000")
+    monkeypatch.setattr(generators, "generate_datasets", lambda domains, settings, progress=None: [])
+    seen = {}
+
+    def post_training(params, return_state):
+        import os
+        from pathlib import Path
+
+        seen["prefect_home"] = Path(os.environ["PREFECT_HOME"])
+        seen["exists"] = seen["prefect_home"].is_dir()
+        raise KeyboardInterrupt  # stop here: the rest is the flow's
+    monkeypatch.setitem(sys.modules, "flows.post_training", types.SimpleNamespace(post_training=post_training))
+    get_settings.cache_clear()
+    try:
+        assert main(["demo"]) == 130
+    finally:
+        get_settings.cache_clear()
+    assert seen == {"prefect_home": home.resolve() / "prefect", "exists": True}
+
+
+@pytest.mark.parametrize("domains, needs", [
+    (["python_functions"], "python_functions"), (["shell_tasks", "arithmetic"], "shell_tasks"),
+    (["rg-leg_counting-easy"], "rg-leg_counting-easy"), (["arithmetic", "multiplication"], None)])
+def test_demo_says_up_front_that_sandboxed_domains_need_bubblewrap(monkeypatch, domains, needs):
+    from temper.commands import demo
+    from temper.data.catalog import load_catalog, select_domains
+
+    chosen = select_domains(load_catalog("domains"), domains)
+    monkeypatch.setattr("infra.sandbox.bwrap.bwrap_available", lambda: False)
+    if needs is None:
+        demo.check_sandbox(chosen)  # the default demo needs no sandbox
+        return
+    with pytest.raises(demo.TemperError, match=rf"^domain\(s\) {needs} score in the sandbox, which needs bubblewrap"):
+        demo.check_sandbox(chosen)
+    monkeypatch.setattr("infra.sandbox.bwrap.bwrap_available", lambda: True)
+    demo.check_sandbox(chosen)

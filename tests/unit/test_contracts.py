@@ -105,6 +105,21 @@ def test_unknown_rule_in_contract_file(tmp_path):
         load_contract(p)
 
 
+@pytest.mark.parametrize("rule, message", [
+    ("{rule: json_state_differs, column: end, with_column: strat}",
+     "rules[0].with_column: 'strat' is not a column of the contract (did you mean 'start'?); columns: id, start, end"),
+    ("{rule: valid_json, column: ned}", "rules[0].column: 'ned' is not a column of the contract (did you mean 'end'?)"),
+    ("{rule: valid_json, column: notes}", "rules[0].column: 'notes' is not a column of the contract; columns: id, start, end"),
+])
+def test_a_rule_over_a_column_the_contract_does_not_declare_is_refused_at_load(tmp_path, rule, message):
+    """Else every row fails that rule, which reads as bad data."""
+    p = tmp_path / "c.yaml"
+    p.write_text(f"name: c\ncolumns: {{id: {{type: str}}, start: {{type: str}}, end: {{type: str}}}}\nrules: [{rule}]\n")
+    with pytest.raises(ContractError) as e:
+        load_contract(p)
+    assert str(e.value).startswith(f"{p}: ") and message in str(e.value) and "\n" not in str(e.value)
+
+
 def _one_suite_per_domain_summary(contract, frame):
     """The runner as it was before its fast path: a fresh context, suite, asset and validation
     definition for the domain, and every expectation run with SUMMARY details."""

@@ -143,6 +143,57 @@ def test_bad_contract_template_names_pack_task_and_field(tmp_path, monkeypatch):
         get_settings.cache_clear()
 
 
+@pytest.mark.parametrize("edit, field, what", [
+    (lambda t: t["rules"][0].update(with_column="tsak"), "rules[0].with_column",
+     "no such column 'tsak' (did you mean 'task'?)"),
+    (lambda t: t["rules"][0].update(column="entyr"), "rules[0].column", "no such column 'entyr' (did you mean 'entry'?)"),
+    (lambda t: t["columns"]["task"].update(allowed=["${tsk}"]), "columns.task.allowed[0]",
+     "unknown placeholder ${tsk} (did you mean 'task'?); known: name, pack, task, tier, rows, eval_min, eval_max"),
+    (lambda t: t.update(description="tier $tire of ${name}"), "description", "unknown placeholder ${tire}"),
+    (lambda t: t["split"].update(eval_fraction_min="${eval_minimum}"), "split.eval_fraction_min",
+     "unknown placeholder ${eval_minimum}"),
+    (lambda t: t["columns"].update(difficulty={"type": "str"}), "columns.difficulty",
+     "no such column; the rows have id, task, tier, question, answer, reference, entry, split"),
+    (lambda t: t["split"].update(column="splt"), "split.column", "no such column 'splt' (did you mean 'split'?)"),
+])
+def test_a_contract_template_mistake_names_the_template_and_field_before_any_data(tmp_path, monkeypatch, edit,
+                                                                                  field, what):
+    """A misspelt rule column, an unknown placeholder, a column the rows lack: each would fail every row of
+    every domain (blamed on the data); instead one line names the template, the field and what is wrong."""
+    from temper.core.settings import get_settings
+
+    contracts = tmp_path / "contracts"
+    (contracts / "templates").mkdir(parents=True)
+    tpl = yaml.safe_load((REPO / "data_contracts" / "templates" / "reasoning_gym.yaml").read_text())
+    edit(tpl)
+    path = contracts / "templates" / "reasoning_gym.yaml"
+    path.write_text(yaml.safe_dump(tpl))
+    monkeypatch.setenv("TEMPER_CONTRACTS_DIR", str(contracts))
+    get_settings.cache_clear()
+    try:
+        write(tmp_path / "cat", "p", small())
+        with pytest.raises(CatalogError) as e:
+            load_catalog(tmp_path / "cat")
+    finally:
+        get_settings.cache_clear()
+    assert str(e.value).startswith(f"{path}: contract template 'reasoning_gym': field '{field}': {what}"), str(e.value)
+    assert "\n" not in str(e.value)
+
+
+def test_the_template_columns_are_the_columns_the_generator_writes():
+    """SOURCE_COLUMNS (what a template may check) is what packs_reasoning_gym writes, read from its source
+    without importing reasoning_gym: a new column there must be added here too."""
+    import ast
+    import inspect
+
+    from temper.data import packs_reasoning_gym
+    from temper.data.pack_contract import SOURCE_COLUMNS
+
+    tree = ast.parse(inspect.getsource(packs_reasoning_gym.generate_rows))
+    (row,) = [n.value for n in ast.walk(tree) if isinstance(n, ast.Assign) and getattr(n.targets[0], "id", "") == "row"]
+    assert sorted(k.value for k in row.keys) == sorted(SOURCE_COLUMNS["reasoning_gym"])
+
+
 def test_domains_list_cli_json_and_pack_filter():
     run = lambda *a: subprocess.run([sys.executable, "-m", "temper.cli", "domains", "list", *a], cwd=REPO,
                                     capture_output=True, text=True, env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin"})

@@ -217,3 +217,13 @@ def test_world_size_auto_is_the_started_jobs_size_in_a_rank_and_the_machines_els
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
     monkeypatch.delenv("WORLD_SIZE")
     assert visible_gpus() == 0 and resolve_world_size("auto") == CPU_WORLD_SIZE
+
+
+@pytest.mark.parametrize("mode", ["sft", "grpo"])
+@pytest.mark.parametrize("steps", [0, -3])
+def test_a_max_steps_flag_below_1_blames_the_flag_not_the_config(tmp_path, capsys, mode, steps):
+    from temper.cli import main
+
+    assert main(["train", mode, "--config", str(REPO / f"configs/train/{mode}.yaml"), "--max-steps", str(steps)]) == 1
+    err = capsys.readouterr().err
+    assert err == f"temper: error: --max-steps must be >= 1, got {steps} (it overrides the config's max_steps)\n"

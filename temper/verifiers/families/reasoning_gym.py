@@ -8,8 +8,12 @@ spiral_matrix, binary_matrix, n_queens) and sympy's ``parse_expr`` evaluates it 
 *all* scoring runs in the ``reasoning_gym`` sandbox profile: the warm pool's fork servers import
 reasoning_gym and build every scorer once per box (``Profile.preload``), then fork per answer.
 
-Scored 0 without running anything: no ``<answer>`` tag, an empty answer, an answer longer than
-``max_answer_chars`` (a scorer must not eval megabytes). reasoning-gym's default scorer pays
+Scored 0 without running anything: no ``<answer>`` tag, an empty answer, an answer longer than the
+row's limit (a scorer must not eval megabytes). The limit follows from the row's own data: the larger
+of ``max_answer_chars`` and ``oracle_length_factor`` times its oracle answer (the ``answer`` column,
+else the entry's). A fixed limit alone scored correct answers 0 where the data needs them long
+(spiral_matrix and number_sorting at hard and expert: oracles of 5,000-19,000 chars), while an answer
+beyond what its row needs is still degenerate output and scores 0. reasoning-gym's default scorer pays
 len(oracle)/len(answer) when the oracle is a substring of the answer; only the last tag counts,
 so a completion that hedges with many candidates earns at most that ratio (tested: < 0.05).
 
@@ -17,7 +21,7 @@ What the sandbox cannot stop: an answer that a scorer evaluates runs as Python i
 scoring process, so it could print a forged score for itself. It cannot touch the host, other
 answers or the next run (fresh fork, wiped box); the reward it can forge is its own. The score
 line carries a per-run token read from stdin to keep plain output from being taken as a score.
-params: max_answer_chars (4000), timeout_s (15), memory_mb.
+params: max_answer_chars (4000), oracle_length_factor (2), timeout_s (15), memory_mb.
 """
 
 from __future__ import annotations
@@ -29,7 +33,7 @@ import secrets
 import sysconfig
 from typing import Any
 
-from pydantic import PositiveInt
+from pydantic import PositiveFloat, PositiveInt
 
 from infra.sandbox import shared_pool
 from infra.sandbox.api import PROFILES, Limits, Profile, ro_mount
@@ -113,7 +117,8 @@ def extract(completion: str) -> str | None:
 @register
 class ReasoningGymVerifier(PooledVerifier):
     family = "reasoning_gym"
-    known_params = {"max_answer_chars": PositiveInt, "timeout_s": PositiveInt, "memory_mb": PositiveInt}
+    known_params = {"max_answer_chars": PositiveInt, "oracle_length_factor": PositiveFloat, "timeout_s": PositiveInt,
+                    "memory_mb": PositiveInt}
     sandbox_profile = "reasoning_gym"
 
     def _job(self, record: dict[str, Any], completion: str):
@@ -127,7 +132,7 @@ class ReasoningGymVerifier(PooledVerifier):
         if not task:
             return None, None
         answer = extract(completion or "")
-        limit = int(self.params.get("max_answer_chars", 4000))
+        limit = self.answer_limit(record, entry)
         if answer is None or answer == "" or len(answer) > limit:
             why = "no <answer> tag" if answer is None else ("empty answer" if answer == "" else f"answer over {limit} chars")
             return Verdict(0.0, {"task": task, "reason": why}), None
@@ -140,6 +145,17 @@ class ReasoningGymVerifier(PooledVerifier):
                         memory_mb=int(self.params.get("memory_mb", 2048)), nproc=8)
         kwargs = dict(files={SCORER_FILE: SCORER}, limits=limits, stdin=(json.dumps(request) + "\n").encode())
         return None, (pool, token, task, kwargs)
+
+    def answer_limit(self, record: dict[str, Any], entry: dict[str, Any]) -> int:
+        """Longest answer scored for this row: what its oracle needs (times a margin for other spellings of
+        a correct answer), never less than ``max_answer_chars``."""
+        oracle = record.get("answer")
+        if oracle is None:
+            oracle = entry.get("answer")
+        floor = int(self.params.get("max_answer_chars", 4000))
+        if oracle is None:
+            return floor
+        return max(floor, int(float(self.params.get("oracle_length_factor", 2)) * len(str(oracle))))
 
     @staticmethod
     def _verdict(result, context: tuple[str, str]) -> Verdict | None:
