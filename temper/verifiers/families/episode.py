@@ -55,4 +55,7 @@ class EpisodeVerifier(Verifier):
             reward = play(env, record, turns or [completion])
         finally:
             env.close()
-        return Verdict(reward, {"outcome": env.outcome, "turns": env.turns, "wall_s": round(env.wall_s, 3)})
+        details = {"outcome": env.outcome, "turns": env.turns, "wall_s": round(env.wall_s, 3)}
+        if env.reason:
+            details["reason"] = env.reason
+        return Verdict(reward, details)
