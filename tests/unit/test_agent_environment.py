@@ -154,3 +154,17 @@ def test_the_episode_verifier_scores_a_bracket_bomb_zero_with_its_reason():
     verdict = verifier.score(LEDGER[0], "<call>" + nested(3000) + "</call><done/>")
     assert verdict.reward == 0.0 and verdict.details["reason"] == f"<call> nested deeper than {MAX_CALL_DEPTH} levels"
 
+
+def test_the_episode_verifier_reads_a_multi_step_reference_as_its_turns():
+    verifier = get_verifier("episode", {"env": "ledger", "max_turns": 8})
+    for rec in LEDGER[:10]:
+        transcript = verifier.reference_completion(rec)
+        assert verifier.score(rec, transcript).reward == 1.0, rec["id"]
+    for bad, message in [("not json", "'reference' is not JSON"), ('"<done/>"', "not a non-empty JSON list"),
+                         ("[]", "not a non-empty JSON list"), ('["<done/>", 3]', "not a non-empty JSON list"),
+                         ('["<bash>ls</bash> <done/>"]', "not exactly one action tag"),
+                         ('["thinking", "<done/>"]', "not exactly one action tag")]:
+        with pytest.raises(ValueError, match=message):
+            verifier.reference_completion({**LEDGER[0], "reference": bad})
+    with pytest.raises(ValueError, match="no string field 'reference'"):
+        verifier.reference_completion({"instruction": "x"})
