@@ -8,11 +8,13 @@ then checks the end state. ``reset``/``get_reward`` are the names TRL's environm
 
 Rewards cannot be had without doing the task: only an episode the model ends with "done" is
 checked at all, and the check compares the *whole* end state with the record's expected one on
-the host (the sandbox's files are read out as a tar archive; the API's state lives in this
-process), so nothing the model prints or changes inside the box can stand in for the state.
+the host (the sandbox's files are read out as a tar archive, within ``END_STATE_LIMITS`` checked
+before any file is read, so what a box holds cannot make the check costly; the API's state lives in
+this process), so nothing the model prints or changes inside the box can stand in for the state.
 
 Every way an episode can go wrong ends it with a counted outcome and reward 0, never an
-exception out of ``step``: a turn that parses into no action (``no_action``), a command that hangs
+exception out of ``step``: a turn that parses into no action (``no_action``; a ``<call>`` too long
+or too deeply nested is refused before ``json.loads``, which would recurse), a command that hangs
 (``timeout``), floods its output or memory (``output_limit``, ``memory``...), a sandbox that dies
 (``sandbox_error``), too many turns (``max_turns``) or too much time (``budget``). Each episode
 gets a freshly wiped box from the warm pool and gives it back wiped (``SandboxPool.release``), so
