@@ -14,7 +14,9 @@ exec API cannot do, it does inside the pod:
   whatever the program forks or daemonises stays its descendant and is killed and reaped after
   it (PID 1 of the pod is an idle ``sleep`` that would never reap orphans); a reset kills (in a
   pod only) every process but PID 1;
-- file transfer: tar in and out of the work dir.
+- file transfer: tar in and out of the work dir, a snapshot bounded before it is read
+  (``infra.sandbox.snapshot``, whose stdlib-only source ``infra.sandbox.kubernetes`` sends ahead
+  of this file's: a pod need not have temper installed).
 
 Protocol. stdin: ``<n>\\n`` + an n-byte JSON request + ``request['payload_len']`` payload bytes
 (a run's stdin, or a tar), so no end-of-stdin signal is needed (older API servers cannot close
@@ -38,6 +40,9 @@ import sys
 import tarfile
 import threading
 import time
+
+if "bounded_tar" not in globals():  # on the host; in a pod, the source shipped ahead of this one defines them
+    from infra.sandbox.snapshot import OverLimit, StateLimits, bounded_tar
 
 DRAIN_S = 0.2  # after the program exits, how long its pipes may stay open (orphans holding them)
 POLL_S = 0.05  # exit detection without pidfd (gVisor and old kernels lack it)
@@ -286,12 +291,10 @@ def read_file(work: str, path: str, max_bytes: int, out) -> None:
         os.close(fd)
 
 
-def snapshot(work: str, out) -> None:
-    buf = io.BytesIO()
-    with tarfile.open(fileobj=buf, mode="w") as tar:
-        for entry in sorted(os.listdir(work)):
-            tar.add(os.path.join(work, entry), arcname=entry)  # symlinks stored as links
-    out.write(buf.getvalue())
+def snapshot(work: str, limits: dict, out) -> None:
+    """The work dir as a tar, refused from lstat alone (before a byte is read or sent to the host)
+    when it breaks the request's StateLimits (see infra.sandbox.snapshot)."""
+    out.write(bounded_tar(work, StateLimits(**limits)))
 
 
 def handle(req: dict, payload: bytes, out, err) -> dict:
@@ -304,7 +307,7 @@ def handle(req: dict, payload: bytes, out, err) -> dict:
         elif op == "read":
             read_file(work, req["path"], int(req["max_bytes"]), out)
         elif op == "snapshot":
-            snapshot(work, out)
+            snapshot(work, req.get("limits", {}), out)
         elif op in ("reset", "restore"):
             reap_strays()
             empty_dir(work)
@@ -313,6 +316,8 @@ def handle(req: dict, payload: bytes, out, err) -> dict:
                 _extract(work, payload)
         else:
             return {"error": f"unknown op {op!r}"}
+    except OverLimit as e:
+        return {"error": str(e), "state_limit": True}
     except (OSError, tarfile.TarError) as e:
         return {"error": getattr(e, "strerror", None) or str(e)}
     return {}

@@ -17,6 +17,7 @@ from typing import Literal, Protocol, runtime_checkable
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from infra.sandbox.snapshot import StateLimits
 from temper.core.errors import TemperError
 
 Outcome = Literal["ok", "timeout", "cpu_limit", "memory", "output_limit", "killed", "error"]
@@ -27,6 +28,10 @@ signal nobody in the sandbox runtime sent; error: the sandbox itself failed (not
 
 class SandboxError(TemperError):
     """The sandbox could not be set up or used (missing bwrap, bad path, pool closed)."""
+
+
+class StateLimitError(SandboxError):
+    """A work dir holds more than a snapshot may read (``StateLimits``): refused before reading it."""
 
 
 class Limits(BaseModel):
@@ -133,8 +138,9 @@ class Box(Protocol):
             env: Mapping[str, str] | None = None) -> Result:
         """Run argv with cwd = work dir under limits; return when it and all its children are gone."""
 
-    def snapshot(self) -> bytes:
-        """The work dir's files as a tar archive (for Session.snapshot and replay)."""
+    def snapshot(self, limits: StateLimits | None = None) -> bytes:
+        """The work dir's files as a tar archive (for Session.snapshot, replay, an end-state check);
+        StateLimitError, before any file is read, when it breaks ``limits`` (default ``StateLimits()``)."""
 
     def restore(self, archive: bytes) -> None:
         """Replace the work dir's content with a snapshot."""

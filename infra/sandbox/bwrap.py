@@ -31,10 +31,11 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from infra.sandbox import seccomp
-from infra.sandbox.api import Limits, Profile, Result, SandboxError, ro_mount, safe_relpath
+from infra.sandbox.api import Limits, Profile, Result, SandboxError, StateLimitError, ro_mount, safe_relpath
 from infra.sandbox.cgroups import BoxCgroup, Cgroups
 from infra.sandbox.forkserver import ForkServer, can_serve
 from infra.sandbox.process import spawn, supervise
+from infra.sandbox.snapshot import OverLimit, StateLimits, bounded_tar
 
 SANDBOX_UID = 65534
 SANDBOX_GID = 65534
@@ -303,12 +304,11 @@ class BwrapBox:
             result = result.model_copy(update={"verdict": "memory"})  # the box's OOM killer ended a process
         return result
 
-    def snapshot(self) -> bytes:
-        buf = io.BytesIO()
-        with tarfile.open(fileobj=buf, mode="w") as tar:
-            for entry in sorted(os.listdir(self.work)):
-                tar.add(self.work / entry, arcname=entry)  # symlinks stored as links, never followed
-        return buf.getvalue()
+    def snapshot(self, limits: StateLimits | None = None) -> bytes:
+        try:  # checked with lstat before any file is read; links stored as links, never followed
+            return bounded_tar(str(self.work), limits or StateLimits())
+        except OverLimit as e:
+            raise StateLimitError(f"box {self.id}: work dir over its snapshot limits: {e}") from None
 
     def restore(self, archive: bytes) -> None:
         self.reset()

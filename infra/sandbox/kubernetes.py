@@ -30,7 +30,7 @@ import tarfile
 import time
 import uuid
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -42,13 +42,27 @@ from infra.k8s import sandbox_exec
 from infra.k8s.errors import KubernetesError
 from infra.k8s.launcher import FAIL_FAST_WAITING
 from infra.k8s.options import KubernetesOptions
-from infra.sandbox.api import Limits, Outcome, Profile, Result, SandboxError, safe_relpath
+from infra.sandbox import snapshot as snapshot_module
+from infra.sandbox.api import Limits, Outcome, Profile, Result, SandboxError, StateLimitError, safe_relpath
 from infra.sandbox.bwrap import BASE_ENV
 from infra.sandbox.process import classify
+from infra.sandbox.snapshot import StateLimits
 
 log = logging.getLogger(__name__)
 
-EXECUTOR_SOURCE = Path(sandbox_exec.__file__).read_text()
+
+
+def executor_source() -> str:
+    """What each exec runs: ``infra.sandbox.snapshot``'s source, then ``sandbox_exec``'s (both stdlib
+    only; the pod need not have temper), with their ``from __future__`` line once, at the top."""
+    future = "from __future__ import annotations\n"
+    parts = [Path(module.__file__).read_text() for module in (snapshot_module, sandbox_exec)]
+    if not all(future in part for part in parts):
+        raise RuntimeError(f"the executor's modules must each start with {future.strip()!r}")
+    return future + "\n".join(part.replace(future, "", 1) for part in parts)
+
+
+EXECUTOR_SOURCE = executor_source()
 EXEC_ERRORS = (ApiException, KubernetesError)  # what ClusterApi.exec raises when the exec itself fails
 OOM_FILES = ["/sys/fs/cgroup/memory.events", "/sys/fs/cgroup/memory/memory.oom_control"]
 HEALTH_MARGIN_S = 60.0  # a box this close to its pod's deadline is not handed out again
@@ -244,6 +258,8 @@ class KubernetesBox:
             self.broken = f"{op}: no report from the executor"
             raise SandboxError(f"box {self.id}: {op} got no report from the executor "
                                f"(exit {report.exit_code}): {report.stderr[-300:].decode(errors='replace')}")
+        if report.trailer.get("state_limit"):
+            raise StateLimitError(f"box {self.id}: work dir over its snapshot limits: {report.trailer['error']}")
         if report.trailer.get("error"):
             what = f"{op} {fields['path']!r}" if "path" in fields else op
             raise SandboxError(f"box {self.id}: {what}: {report.trailer['error']}")
@@ -288,8 +304,8 @@ class KubernetesBox:
         return Result(stdout=report.stdout.decode(errors="replace"),
                       stderr=report.stderr.decode(errors="replace") + f"\nsandbox: {why}", verdict=verdict)
 
-    def snapshot(self) -> bytes:
-        return self._op("snapshot")
+    def snapshot(self, limits: StateLimits | None = None) -> bytes:
+        return self._op("snapshot", limits=asdict(limits or StateLimits()))
 
     def restore(self, archive: bytes) -> None:
         self._op("restore", archive)

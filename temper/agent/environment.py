@@ -8,11 +8,13 @@ then checks the end state. ``reset``/``get_reward`` are the names TRL's environm
 
 Rewards cannot be had without doing the task: only an episode the model ends with "done" is
 checked at all, and the check compares the *whole* end state with the record's expected one on
-the host (the sandbox's files are read out as a tar archive; the API's state lives in this
-process), so nothing the model prints or changes inside the box can stand in for the state.
+the host (the sandbox's files are read out as a tar archive, within ``END_STATE_LIMITS`` checked
+before any file is read, so what a box holds cannot make the check costly; the API's state lives in
+this process), so nothing the model prints or changes inside the box can stand in for the state.
 
 Every way an episode can go wrong ends it with a counted outcome and reward 0, never an
-exception out of ``step``: a turn that parses into no action (``no_action``), a command that hangs
+exception out of ``step``: a turn that parses into no action (``no_action``; a ``<call>`` too long
+or too deeply nested is refused before ``json.loads``, which would recurse), a command that hangs
 (``timeout``), floods its output or memory (``output_limit``, ``memory``...), a sandbox that dies
 (``sandbox_error``), too many turns (``max_turns``) or too much time (``budget``). Each episode
 gets a freshly wiped box from the warm pool and gives it back wiped (``SandboxPool.release``), so
@@ -31,7 +33,8 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar, Literal
 
 from infra.sandbox import SandboxError, Session, shared_pool
-from infra.sandbox.api import safe_relpath
+from infra.sandbox.api import StateLimitError, safe_relpath
+from infra.sandbox.snapshot import StateLimits
 from temper.agent.ledger import LEDGER_TOOLS, Ledger
 
 log = logging.getLogger(__name__)
@@ -66,28 +69,73 @@ class Action:
     arguments: dict[str, Any] = field(default_factory=dict)
 
 
-def _action(m: re.Match) -> Action | None:
+# A call is data of depth 2 ({"name", "arguments": {...}}) and a few hundred characters; json.loads
+# recurses once per nesting level, so 3000 brackets would raise RecursionError out of ``step``.
+MAX_CALL_CHARS = 10_000
+MAX_CALL_DEPTH = 16
+
+
+def _nesting_over(text: str, limit: int) -> bool:
+    """True when JSON ``text`` nests arrays/objects deeper than ``limit`` (brackets in strings aside)."""
+    depth, in_string, escaped = 0, False, False
+    for ch in text:
+        if in_string:
+            if escaped:
+                escaped = False
+            elif ch == "\\":
+                escaped = True
+            elif ch == '"':
+                in_string = False
+        elif ch == '"':
+            in_string = True
+        elif ch in "[{":
+            depth += 1
+            if depth > limit:
+                return True
+        elif ch in "]}":
+            depth -= 1
+    return False
+
+
+def _parse(m: re.Match) -> Action | str:
+    """The action of one tag, or why it is malformed."""
     if m.group("done") is not None:
         return Action("done")
     if m.group("bash") is not None:
-        return Action("bash", command=m.group("bash")) if m.group("bash").strip() else None
+        return Action("bash", command=m.group("bash")) if m.group("bash").strip() else "empty <bash> command"
     if m.group("path") is not None:
         return Action("write", path=m.group("path"), content=m.group("content"))
+    body = m.group("call")
+    if len(body) > MAX_CALL_CHARS:  # bounded before parsing: json.loads is not
+        return f"<call> longer than {MAX_CALL_CHARS} characters"
+    if _nesting_over(body, MAX_CALL_DEPTH):
+        return f"<call> nested deeper than {MAX_CALL_DEPTH} levels"
     try:
-        call = json.loads(m.group("call"))
-    except ValueError:
-        return None
+        call = json.loads(body)
+    except ValueError as e:
+        return f"<call> is not JSON ({e})"
     if not (isinstance(call, dict) and isinstance(call.get("name"), str)
             and isinstance(call.get("arguments", {}), dict)):
-        return None
+        return '<call> is not {"name": TOOL, "arguments": {...}}'
     return Action("call", name=call["name"], arguments=call.get("arguments", {}))
+
+
+def _action(m: re.Match) -> Action | None:
+    parsed = _parse(m)
+    return parsed if isinstance(parsed, Action) else None
+
+
+def parse_turn(text: str) -> tuple[Action | None, str]:
+    """The first action of a model turn and "", or None and why the turn parses into no action."""
+    for m in _TAG.finditer(text or ""):
+        parsed = _parse(m)
+        return (parsed, "") if isinstance(parsed, Action) else (None, parsed)
+    return None, "no action tag"
 
 
 def parse_action(text: str) -> Action | None:
     """The first well-formed action of a model turn, or None (the turn parses into no action)."""
-    for m in _TAG.finditer(text or ""):
-        return _action(m)
-    return None
+    return parse_turn(text)[0]
 
 
 def parse_actions(text: str) -> list[Action | None]:
@@ -145,6 +193,7 @@ class EpisodeEnvironment:
         self.limits = limits or EpisodeLimits()
         self.record: dict[str, Any] = {}
         self.outcome: Outcome = "running"
+        self.reason = ""  # why the episode failed, when its outcome alone does not say (verify shows it)
         self.turns = 0
         self.started = 0.0
         self.trajectory: list[dict[str, Any]] = []
@@ -154,6 +203,7 @@ class EpisodeEnvironment:
         """Start an episode of ``record``; the task text the model sees first."""
         self._release()
         self.record, self.outcome, self.turns, self.trajectory = record, "running", 0, []
+        self.reason = ""
         self.started = time.monotonic()
         return self._start(record)
 
@@ -185,8 +235,10 @@ class EpisodeEnvironment:
         if self.finished:
             return ""
         self.turns += 1
-        action = parse_action(text)
+        action, self.reason = parse_turn(text)
         if action is None or action.kind not in self.kinds:
+            if action is not None:
+                self.reason = f"{action.kind} is not an action of the {self.name} environment"
             return self._end("no_action", text, "")
         if action.kind == "done":
             return self._end("done", text, "")
@@ -235,6 +287,10 @@ class EpisodeEnvironment:
 
 # -- files: a sandboxed work dir whose end state must match -----------------------------------------
 MAX_STATE_BYTES = 4_000_000
+# What the end-state check reads from the box, checked with lstat before any file is opened: the
+# expected states are a few small files, and anything past these (a sparse 63 MiB file, thousands
+# of files, a deep tree, a link, a fifo) could never match, so it scores 0 unread.
+END_STATE_LIMITS = StateLimits(max_bytes=MAX_STATE_BYTES, max_files=1000, max_depth=16, links=False)
 
 
 def work_dir_files(archive: bytes) -> dict[str, str] | None:
@@ -306,7 +362,12 @@ class FilesEnvironment(EpisodeEnvironment):
         return observation, (None if r.verdict == "ok" else r.verdict)
 
     def _end_state_ok(self) -> bool:
-        return file_state_matches(work_dir_files(self.session.box.snapshot()), json.loads(self.record["end_files"]))
+        try:
+            archive = self.session.box.snapshot(END_STATE_LIMITS)
+        except StateLimitError as e:  # the model's doing, not the sandbox's: a wrong end state
+            self.reason = str(e)
+            return False
+        return file_state_matches(work_dir_files(archive), json.loads(self.record["end_files"]))
 
     def _release(self) -> None:
         if self.session is not None:

@@ -26,6 +26,27 @@ def _records(path: Path) -> list[dict]:
     return [record for _, record in json_objects(path, DatasetError)]
 
 
+def _completions(records: list[dict], field: str, path: Path) -> list[str]:
+    missing = [i for i, r in enumerate(records, 1) if not isinstance(r.get(field), str)]
+    if missing:
+        raise TemperError(f"{path}: record(s) {missing[:5]} have no string field {field!r} to judge")
+    return [r[field] for r in records]
+
+
+def _references(verifier, records: list[dict], path: Path) -> list[str]:
+    """Each record's gold reference as the verifier's family reads it (a multi-step domain's is a
+    JSON list of turns, not the completion text itself)."""
+    completions, bad = [], []
+    for i, r in enumerate(records, 1):
+        try:
+            completions.append(verifier.reference_completion(r))
+        except ValueError as e:
+            bad.append((i, str(e)))
+    if bad:
+        raise TemperError(f"{path}: record(s) {[i for i, _ in bad[:5]]} have no reference to judge: {bad[0][1]}")
+    return completions
+
+
 async def _score_all(verifier, records: list[dict], completions: list[str], concurrency: int):
     gate = asyncio.Semaphore(concurrency)
 
@@ -70,11 +91,9 @@ def verify(args) -> int:
         except (KeyError, TypeError, ValueError) as e:
             raise TemperError(f"--verifier {args.verifier}: {e.args[0] if e.args else e}") from None
     records = _records(args.records)
-    field = "reference" if args.reference else args.completion_field
-    missing = [i for i, r in enumerate(records, 1) if not isinstance(r.get(field), str)]
-    if missing:
-        raise TemperError(f"{args.records}: record(s) {missing[:5]} have no string field {field!r} to judge")
-    verdicts = asyncio.run(_score_all(verifier, records, [r[field] for r in records], args.concurrency))
+    completions = _references(verifier, records, args.records) if args.reference else \
+        _completions(records, args.completion_field, args.records)
+    verdicts = asyncio.run(_score_all(verifier, records, completions, args.concurrency))
     rewards = []
     for i, (rec, v) in enumerate(zip(records, verdicts)):
         row = {"id": rec.get("id", i), "reward": None if v is None else v.reward,

@@ -89,6 +89,16 @@ class Verifier:
     def score(self, record: dict[str, Any], completion: str) -> Verdict | None:
         raise NotImplementedError
 
+    def reference_completion(self, record: dict[str, Any]) -> str:
+        """The record's gold ``reference`` as the completion this family scores (``temper verify
+        --reference``, the check that a dataset and its verifier agree). Most datasets store it as
+        that text already; a family whose datasets store it otherwise decodes it here. ValueError
+        (naming what is wrong) when the record has none this family can use."""
+        reference = record.get("reference")
+        if not isinstance(reference, str):
+            raise ValueError("no string field 'reference'")
+        return reference
+
     def screen(self, record: dict[str, Any], completion: Any) -> Verdict | None:
         """Verdict 0 for a degenerate completion (not a string, empty, huge, nothing but the prompt's
         own inputs); None when the family should go on and judge it. Every family calls this once

@@ -114,3 +114,33 @@ def test_episode_verifier_scores_a_transcript_in_the_sandbox(pool):
     rec = TASKS[2]
     assert verifier.score(rec, "\n".join(json.loads(rec["reference"]))).reward == 1.0
     assert verifier.score(rec, "<bash>true</bash><done/>").reward == 0.0
+
+
+@pytest.mark.parametrize("turn, reason", [
+    # 1 GiB of sparse files in 8 KiB of disk: refused by apparent size, nothing read
+    ("for i in $(seq 16); do truncate -s 63M .s$i; done", "'.s1' brings the files to more than 4000000 bytes"),
+    ("truncate -s 5M docs.txt", "'docs.txt' brings the files to more than 4000000 bytes"),
+    ("mkdir many && cd many && touch $(seq 1200)", "more than 1000 files and directories"),
+    ("mkdir -p $(printf 'd/%.0s' $(seq 20))", "is nested deeper than 16 directories"),
+    ("mkfifo pipe", "'pipe' is a fifo"),
+    ("ln -s /etc/passwd link", "'link' is a symlink"),
+    ("f=$(find . -type f | head -1); ln $f $f.2", "is a hard link"),
+], ids=["sparse", "big-sparse", "many-files", "deep", "fifo", "symlink", "hard-link"])
+def test_the_end_state_check_reads_nothing_past_its_limits(pool, turn, reason):
+    """Whatever the box holds, the check's memory is bounded: it is refused (reward 0, the reason
+    said) from lstat alone, before any file is opened."""
+    import tracemalloc
+
+    e = env(pool, step_timeout_s=5.0)
+    e.reset(**TASKS[0])
+    assert e.step(f"<bash>{turn}</bash>").endswith("[exit 0]"), e.trajectory
+    e.step("<done/>")
+    tracemalloc.start()
+    try:
+        reward = e.get_reward()
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert reward == 0.0 and e.outcome == "done"  # the model's doing, not a sandbox failure
+    assert reason in e.reason and "snapshot limits" in e.reason
+    assert peak < 2 << 20, f"the check allocated {peak >> 20} MiB"

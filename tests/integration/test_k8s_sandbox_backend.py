@@ -277,6 +277,30 @@ def test_container_oom_kill_mid_run_is_memory_and_retires_the_box(box):
     assert not box.healthy()
 
 
+def test_a_snapshot_is_bounded_in_the_pod_before_anything_is_read(box):
+    """The executor walks the work dir with lstat under the request's StateLimits (the shipped copy of
+    infra.sandbox.snapshot) and refuses it, with its reason, before reading or sending a byte."""
+    import io
+    import tarfile
+
+    from infra.sandbox.api import StateLimitError
+    from infra.sandbox.snapshot import StateLimits
+
+    assert box.run(["bash", "-c", "for i in $(seq 16); do truncate -s 63M .s$i; done"], FAST).ok
+    with pytest.raises(StateLimitError, match=r"over its snapshot limits: '\.s1' brings the files to more than 4000000"):
+        box.snapshot(StateLimits(max_bytes=4_000_000))
+    box.reset()
+    assert box.run(["bash", "-c", "mkfifo pipe; echo x > a"], FAST).ok
+    with pytest.raises(StateLimitError, match="'pipe' is a fifo"):
+        box.snapshot()
+    assert box.run(["bash", "-c", "rm pipe; ln -s a link"], FAST).ok
+    with pytest.raises(StateLimitError, match="'link' is a symlink"):
+        box.snapshot(StateLimits(links=False))
+    with tarfile.open(fileobj=io.BytesIO(box.snapshot())) as tar:
+        assert [(t.name, t.issym()) for t in tar] == [("a", False), ("link", True)]
+    assert not box.broken  # a refused snapshot is the work dir's fault, not the pod's
+
+
 def test_exec_failure_is_an_error_verdict_and_retires_the_box(box):
     def boom():
         raise KubernetesError("exec in pod 'x': connection failed: Handshake status 500")

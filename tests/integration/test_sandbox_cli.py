@@ -1,6 +1,7 @@
 """`temper sandbox run` and `temper verify` as a user runs them."""
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -77,3 +78,53 @@ def test_verify_errors_name_the_input(tmp_path):
     assert code == 1 and "unknown verifier family 'nope'" in err
     code, _, err = temper("verify", "--verifier", "numeric", "--params", "{", str(bad))
     assert code == 1 and "--params: not JSON" in err
+
+
+def generated(tmp_path, domain: str) -> tuple[dict, Path]:
+    """`temper data generate --domain DOMAIN` into a fresh home; (env for temper, the dataset)."""
+    repo = Path(__file__).resolve().parents[2]
+    env = {**os.environ, "TEMPER_HOME": str(tmp_path / "home"), "TEMPER_CATALOG_DIR": str(repo / "domains")}
+    for var in ("TEMPER_TRACKING_URI", "TEMPER_STORAGE_ROOT", "TEMPER_S3_ENDPOINT_URL", "MLFLOW_TRACKING_URI"):
+        env.pop(var, None)
+    p = subprocess.run([*TEMPER, "data", "generate", "--domain", domain], capture_output=True, text=True, env=env,
+                       timeout=120)
+    assert p.returncode == 0, p.stderr
+    return env, tmp_path / "home" / "store" / "datasets" / f"{domain}.jsonl"
+
+
+@pytest.mark.parametrize("domain", [pytest.param("file_tasks", marks=needs_bwrap), "ledger_tasks"])
+def test_verify_reference_passes_every_record_of_a_multi_step_dataset(tmp_path, domain):
+    """The README's check that a dataset and its verifier agree: each reference (a JSON list of turns)
+    is played as its turns and scores 1."""
+    env, dataset = generated(tmp_path, domain)
+    small = tmp_path / "some.jsonl"
+    small.write_text("".join(dataset.read_text().splitlines(keepends=True)[:40]))
+    p = subprocess.run([*TEMPER, "verify", "--domain", domain, "--reference", str(small)], capture_output=True,
+                       text=True, env=env, timeout=300)
+    rows = [json.loads(x) for x in p.stdout.splitlines()]
+    assert p.returncode == 0, p.stderr
+    assert rows[-1]["summary"] == {"records": 40, "judged": 40, "not_judged": 0, "mean_reward": 1.0, "pass_rate": 1.0}, \
+        [r for r in rows[:-1] if r["reward"] != 1.0][:3]
+    first, second = (json.loads(x) for x in small.read_text().splitlines()[:2])
+    broken = tmp_path / "broken.jsonl"  # a reference that is not a list of turns: one line naming the record
+    broken.write_text(json.dumps(first) + "\n" + json.dumps({**second, "reference": "<done/>"}) + "\n")
+    p = subprocess.run([*TEMPER, "verify", "--domain", domain, "--reference", str(broken)], capture_output=True,
+                       text=True, env=env, timeout=60)
+    assert p.returncode == 1 and p.stdout == "" and len(p.stderr.strip().splitlines()) == 1
+    assert f"{broken}: record(s) [2] have no reference to judge: 'reference' is not JSON" in p.stderr
+
+
+def test_verify_scores_a_bracket_bomb_zero_and_every_other_record(tmp_path):
+    env, dataset = generated(tmp_path, "ledger_tasks")
+    recs = [json.loads(x) for x in dataset.read_text().splitlines()[:3]]
+    recs[0]["completion"] = "<call>" + "[" * 3000 + "]" * 3000 + "</call><done/>"
+    for rec in recs[1:]:
+        rec["completion"] = "\n".join(json.loads(rec["reference"]))
+    records = tmp_path / "r.jsonl"
+    records.write_text("".join(json.dumps(r) + "\n" for r in recs))
+    p = subprocess.run([*TEMPER, "verify", "--domain", "ledger_tasks", str(records)], capture_output=True, text=True,
+                       env=env, timeout=60)
+    rows = [json.loads(x) for x in p.stdout.splitlines()]
+    assert p.returncode == 0 and "Traceback" not in p.stderr, p.stderr[-2000:]
+    assert [r["reward"] for r in rows[:3]] == [0.0, 1.0, 1.0]
+    assert rows[0]["details"]["outcome"] == "no_action" and "nested deeper than" in rows[0]["details"]["reason"]

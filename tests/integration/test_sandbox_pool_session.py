@@ -123,3 +123,22 @@ def test_lowered_limits_apply_on_the_warm_path():
         assert r.verdict == "memory"
         missing = pool.exec(command=["python3", "-I", "nope.py"])
         assert missing.exit_code == 2 and "can't open file" in missing.stderr
+
+
+def test_a_snapshot_is_bounded_by_default_and_refused_before_reading():
+    """Session snapshots (replay, the programs family's output mode) read the work dir into the host
+    too: sparse files past the default StateLimits are refused by apparent size, links kept as links."""
+    import io
+    import tarfile
+
+    from infra.sandbox.api import StateLimitError
+    from infra.sandbox.snapshot import StateLimits
+
+    with SandboxPool("shell", size=1) as pool:
+        with pool.lease() as box:
+            assert box.run(["bash", "-c", "truncate -s 40M a b; ln -s a link"], pool.profile.limits).ok
+            with pytest.raises(StateLimitError, match=r"over its snapshot limits: 'b' brings the files to more than 67108864"):
+                box.snapshot()
+            with tarfile.open(fileobj=io.BytesIO(box.snapshot(StateLimits(max_bytes=100 << 20)))) as tar:
+                assert [(m.name, m.size, m.issym()) for m in tar] == [("a", 40 << 20, False), ("b", 40 << 20, False),
+                                                                      ("link", 0, True)]

@@ -7,8 +7,8 @@ import json
 
 import pytest
 
-from temper.agent.environment import (Action, EpisodeLimits, LedgerEnvironment, parse_action, parse_actions, play,
-                                      render_action)
+from temper.agent.environment import (MAX_CALL_CHARS, MAX_CALL_DEPTH, Action, EpisodeLimits, FilesEnvironment,
+                                      LedgerEnvironment, parse_action, parse_actions, play, render_action)
 from temper.data.generators import generate
 from temper.verifiers.registry import get_verifier
 
@@ -112,3 +112,59 @@ def test_episode_verifier_replays_a_transcript_as_one_episode():
     assert verifier.score(rec, "").reward == 0.0
     with pytest.raises(ValueError, match="max_turns"):
         get_verifier("episode", {"env": "ledger", "max_turns": 0})
+
+
+def nested(depth: int, opener: str = "[", inner: str = "") -> str:
+    closer = {"[": "]", "{": "}"}
+    if opener == "{":
+        return '{"a":' * depth + (inner or "1") + "}" * depth
+    return opener * depth + inner + closer[opener] * depth
+
+
+@pytest.mark.parametrize("body, reason", [
+    (nested(3000), f"nested deeper than {MAX_CALL_DEPTH} levels"),  # the issue's turn
+    (nested(100_000), f"longer than {MAX_CALL_CHARS} characters"),
+    (nested(1500, "{"), f"nested deeper than {MAX_CALL_DEPTH} levels"),
+    ('{"name": "deposit", "arguments": ' + nested(1500, "{") + "}", f"nested deeper than {MAX_CALL_DEPTH} levels"),
+    ('[{"a":' * 1200 + "1" + "}]" * 1200, f"nested deeper than {MAX_CALL_DEPTH} levels"),
+    (nested(MAX_CALL_DEPTH + 1), f"nested deeper than {MAX_CALL_DEPTH} levels"),  # one past the bound
+    ("[" * 3000, f"nested deeper than {MAX_CALL_DEPTH} levels"),  # never closed
+    ('{"name": "list_accounts", "arguments": {"pad": "' + "x" * MAX_CALL_CHARS + '"}}',
+     f"longer than {MAX_CALL_CHARS} characters"),
+], ids=["brackets", "huge-brackets", "objects", "in-arguments", "mixed", "depth+1", "unclosed", "long"])
+@pytest.mark.parametrize("make_env", [LedgerEnvironment, lambda: FilesEnvironment(pool=object())], ids=["ledger", "files"])
+def test_a_deep_or_huge_call_ends_the_episode_with_its_reason_and_never_raises(make_env, body, reason):
+    env = make_env()
+    env.record, env.started = dict(LEDGER[0]), 0.0  # no sandbox needed: the turn is refused as it is parsed
+    assert env.step(f"<call>{body}</call><done/>") == ""
+    assert env.outcome == "no_action" and reason in env.reason
+    assert env.get_reward() == 0.0
+
+
+def test_calls_within_the_bounds_still_parse():
+    deep = nested(MAX_CALL_DEPTH - 2, "{")  # the call's own object and its arguments are two levels
+    assert parse_action(f'<call>{{"name": "x", "arguments": {{"a": {deep}}}}}</call>') is not None
+    brackets = '"' + "[{" * 2000 + '\\\"]"'  # brackets inside a string (and an escaped quote) do not nest
+    call = parse_action(f'<call>{{"name": "deposit", "arguments": {{"account": {brackets}}}}}</call>')
+    assert call is not None and call.arguments["account"].startswith("[{[{")
+
+
+def test_the_episode_verifier_scores_a_bracket_bomb_zero_with_its_reason():
+    verifier = get_verifier("episode", {"env": "ledger", "max_turns": 8})
+    verdict = verifier.score(LEDGER[0], "<call>" + nested(3000) + "</call><done/>")
+    assert verdict.reward == 0.0 and verdict.details["reason"] == f"<call> nested deeper than {MAX_CALL_DEPTH} levels"
+
+
+def test_the_episode_verifier_reads_a_multi_step_reference_as_its_turns():
+    verifier = get_verifier("episode", {"env": "ledger", "max_turns": 8})
+    for rec in LEDGER[:10]:
+        transcript = verifier.reference_completion(rec)
+        assert verifier.score(rec, transcript).reward == 1.0, rec["id"]
+    for bad, message in [("not json", "'reference' is not JSON"), ('"<done/>"', "not a non-empty JSON list"),
+                         ("[]", "not a non-empty JSON list"), ('["<done/>", 3]', "not a non-empty JSON list"),
+                         ('["<bash>ls</bash> <done/>"]', "not exactly one action tag"),
+                         ('["thinking", "<done/>"]', "not exactly one action tag")]:
+        with pytest.raises(ValueError, match=message):
+            verifier.reference_completion({**LEDGER[0], "reference": bad})
+    with pytest.raises(ValueError, match="no string field 'reference'"):
+        verifier.reference_completion({"instruction": "x"})

@@ -11,6 +11,7 @@ completion that never says ``<done/>``, or reaches a wrong state, scores 0.
 
 from __future__ import annotations
 
+import json
 from typing import Any, Literal
 
 from pydantic import PositiveFloat, PositiveInt
@@ -44,6 +45,21 @@ class EpisodeVerifier(Verifier):
         """A fresh environment of this domain's kind and limits (kwargs: e.g. the files env's ``pool``)."""
         return make_environment(self.params.get("env", "files"), episode_limits(self.params), **kwargs)
 
+    def reference_completion(self, record: dict[str, Any]) -> str:
+        """A multi-step dataset's ``reference`` is a JSON list of turns, each one action tag (the
+        generators' scripted policy): played as one transcript, turn by turn as ``score`` cuts it."""
+        reference = super().reference_completion(record)
+        try:
+            turns = json.loads(reference)
+        except ValueError:
+            raise ValueError("'reference' is not JSON (a multi-step reference is a JSON list of turns)") from None
+        if not (isinstance(turns, list) and turns and all(isinstance(t, str) for t in turns)):
+            raise ValueError("'reference' is not a non-empty JSON list of turn strings")
+        transcript = "\n".join(turns)
+        if action_texts(transcript) != [t.strip() for t in turns]:
+            raise ValueError("'reference' has a turn that is not exactly one action tag")
+        return transcript
+
     def score(self, record: dict[str, Any], completion: str) -> Verdict | None:
         if not record.get("instruction"):
             return None
@@ -55,4 +71,7 @@ class EpisodeVerifier(Verifier):
             reward = play(env, record, turns or [completion])
         finally:
             env.close()
-        return Verdict(reward, {"outcome": env.outcome, "turns": env.turns, "wall_s": round(env.wall_s, 3)})
+        details = {"outcome": env.outcome, "turns": env.turns, "wall_s": round(env.wall_s, 3)}
+        if env.reason:
+            details["reason"] = env.reason
+        return Verdict(reward, details)
