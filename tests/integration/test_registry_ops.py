@@ -235,6 +235,24 @@ def test_gate_blocks_promotion_until_forced(tracked, model, capsys):
     assert len(audit_trail(model)) == events
 
 
+def test_promote_to_any_alias_is_gated_against_the_champion(tracked, model, capsys):
+    """Issue 29.8: `promote candidate --alias staging` said 'no champion yet' while @champion was v1."""
+    register(model, GOOD, passed=True)    # v1 @champion
+    register(model, WORSE, passed=False)  # v2: arithmetic -0.25
+    register(model, BEST, passed=False)   # v3 @candidate: better everywhere
+    for alias in ("staging", "canary"):
+        code, _, err = cli(capsys, "models", "promote", model, "2", "--alias", alias, "--reason", "try")
+        assert code == 1 and f"{model} v2 -> @{alias} blocked by the gate: arithmetic regressed by 0.250" in err, err
+        assert f"(@{alias} stays unset; --force to override)" in err
+        code, out, err = cli(capsys, "models", "promote", model, "candidate", "--alias", alias, "--reason", "try")
+        assert code == 0, err
+        assert out.startswith(f"{model}@{alias}: nobody -> v3 (promote #1); gate: pass: mean improvement +0."), out
+        assert "no champion" not in out
+    code, out, err = cli(capsys, "models", "promote", model, "champion", "--alias", "canary", "--reason", "back")
+    assert code == 0 and out.endswith("gate: pass: v1 is @champion itself\n"), (out, err)
+    assert aliases(model) == {"champion": "1", "candidate": "3", "staging": "3", "canary": "1"}
+
+
 def test_bad_input_is_one_clear_line_and_changes_nothing(tracked, shared, capsys):
     model = shared
     cases = {
