@@ -65,7 +65,10 @@ def test_verify_prints_a_line_per_record_and_a_summary(tmp_path):
     lines = [json.loads(x) for x in out.splitlines()]
     assert code == 0
     assert [(x["id"], x["reward"]) for x in lines[:3]] == [("a", 1.0), ("b", 0.0), ("c", None)]
-    assert lines[3]["summary"] == {"records": 3, "judged": 2, "not_judged": 1, "mean_reward": pytest.approx(0.5), "pass_rate": pytest.approx(0.5)}
+    why = "record has no 'answer' (numeric answer_field) to compare with"
+    assert "not_judged" not in lines[0] and lines[2]["not_judged"] == why
+    assert lines[3]["summary"] == {"records": 3, "judged": 2, "not_judged": 1, "not_judged_reasons": {why: 1},
+                                   "mean_reward": pytest.approx(0.5), "pass_rate": pytest.approx(0.5)}
 
 
 def test_verify_errors_name_the_input(tmp_path):
