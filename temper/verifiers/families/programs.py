@@ -94,7 +94,7 @@ class CodeTestsVerifier(PooledVerifier):
         return pool, token, ["python3", "-I", HARNESS_FILE, str(record["entry_point"]), partial], kwargs
 
     def _verdict(self, result, token: str) -> Verdict | None:
-        if result.verdict == "error" and SERVER_KILLED not in result.stderr:
+        if result.verdict in ("error", "not_started") and SERVER_KILLED not in result.stderr:
             log.warning("code_tests: sandbox failed: %s", result.stderr[-300:])
             # the sandbox's fault, not the completion's: not judged
             return not_judged(f"sandbox failed: {result.stderr.strip()[-200:]}")

@@ -144,7 +144,7 @@ class ReasoningGymVerifier(PooledVerifier):
     @staticmethod
     def _verdict(result, context: tuple[str, str]) -> Verdict | None:
         token, task = context
-        if result.verdict == "error":
+        if result.verdict in ("error", "not_started"):
             log.warning("reasoning_gym: sandbox failed: %s", result.stderr[-300:])
             return not_judged(f"sandbox failed: {result.stderr.strip()[-200:]}")
         details = {"task": task, "verdict": result.verdict, "wall_s": result.wall_s}
