@@ -3,7 +3,8 @@
 Layout in MLflow: one experiment per flow; a *lifecycle* parent run per flow run; one
 child run per stage (validate, sft, grpo, eval, ...). Every dataset a stage consumes is
 logged with ``mlflow.log_input`` (name = domain, digest, source URI), so the registered
-version -> run -> parent -> datasets chain can be walked back (``lineage_tree``).
+version -> run -> parent -> datasets chain can be walked back (``lineage_tree``; what
+``temper lineage`` prints is the graph ``temper.registry.lineage_graph`` builds from it).
 """
 
 from __future__ import annotations
@@ -246,15 +247,6 @@ class LineageTree:
     model_version: dict[str, Any] | None
     run: RunNode
 
-    def to_dict(self) -> dict[str, Any]:
-        def node(n: RunNode | None) -> dict[str, Any] | None:
-            if n is None:
-                return None
-            return {"run_id": n.run_id, "name": n.name, "tags": n.tags,
-                    "datasets": [d.__dict__ for d in n.datasets], "parent": node(n.parent)}
-
-        return {"ref": self.ref, "model_version": self.model_version, "run": node(self.run)}
-
 
 def _run_node(client: Any, run_id: str, depth: int = 0) -> RunNode:
     run = client.get_run(run_id)
@@ -302,26 +294,6 @@ def lineage_tree(ref: str) -> LineageTree:
         version = {"name": mv.name, "version": mv.version, "aliases": list(mv.aliases or []), "source": mv.source,
                    "run_id": mv.run_id}
     return LineageTree(ref=ref, model_version=version, run=run)
-
-
-def format_tree(tree: LineageTree) -> str:
-    lines: list[str] = []
-    indent = ""
-    if tree.model_version:
-        mv = tree.model_version
-        aliases = f" aliases={','.join(mv['aliases'])}" if mv["aliases"] else ""
-        lines.append(f"model {mv['name']} v{mv['version']}{aliases}")
-        indent = "  "
-    node: RunNode | None = tree.run
-    label = "produced by run"
-    while node is not None:
-        t = node.tags
-        extra = " ".join(f"{k.removeprefix('temper.')}={t[k]}" for k in (TAG_STAGE, TAG_GIT, TAG_CONFIG_HASH, TAG_BASE_MODEL) if k in t)
-        lines.append(f"{indent}{label} {node.name} ({node.run_id}) {extra}".rstrip())
-        for d in node.datasets:
-            lines.append(f"{indent}  dataset {d.name} digest={d.digest} source={d.source} context={d.context}")
-        node, label, indent = node.parent, "parent run", indent + "  "
-    return "\n".join(lines)
 
 
 def use_experiment(experiment: str, settings: Settings | None = None) -> Any:

@@ -20,10 +20,12 @@ from pydantic import BaseModel, ConfigDict, Field
 from infra.sandbox.snapshot import StateLimits
 from temper.core.errors import TemperError
 
-Outcome = Literal["ok", "timeout", "cpu_limit", "memory", "output_limit", "killed", "error"]
-"""ok: ran to its own exit (any exit code); timeout: wall or CPU limit; memory: address-space
-limit hit; output_limit: stdout+stderr or a written file exceeded its cap; killed: died of a
-signal nobody in the sandbox runtime sent; error: the sandbox itself failed (not the program)."""
+Outcome = Literal["ok", "timeout", "cpu_limit", "memory", "output_limit", "killed", "not_started", "error"]
+"""ok: ran to its own exit (any exit code); timeout: wall-clock limit; cpu_limit: CPU limit;
+memory: address-space limit hit (the loader failing to map the program under it included);
+output_limit: stdout+stderr or a written file exceeded its cap; killed: died of a signal nobody in
+the sandbox runtime sent; not_started: the program never ran (no such command or file, not
+executable, a library missing), exit code 127 or 126; error: the sandbox itself failed (not the program)."""
 
 
 class SandboxError(TemperError):
@@ -102,10 +104,10 @@ class Result(BaseModel):
     signal: int | None = Field(default=None, description="Signal that ended the program, if any.")
     verdict: Outcome
     wall_s: float = 0.0
-    cpu_s: float = Field(default=0.0, description="User + system CPU of the process tree (when the tree was "
-                         "killed, only what the supervisor saw: a lower bound).")
-    max_rss_mb: float = Field(default=0.0, description="Largest resident set of any process in the tree "
-                              "(same caveat when killed).")
+    cpu_s: float = Field(default=0.0, description="User + system CPU of the program and the children it "
+                         "waited for; a run stopped at its time or output limit is ended leaves first, so it "
+                         "counts too (processes still forking past the stop are not counted).")
+    max_rss_mb: float = Field(default=0.0, description="Largest resident set of any process counted in cpu_s.")
     truncated: bool = Field(default=False, description="Output was cut at Limits.output_bytes.")
 
     @property

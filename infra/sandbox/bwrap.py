@@ -20,6 +20,7 @@ from __future__ import annotations
 import ctypes
 import io
 import os
+import re
 import shutil
 import stat
 import subprocess
@@ -30,7 +31,7 @@ import weakref
 from collections.abc import Mapping
 from pathlib import Path
 
-from infra.sandbox import seccomp
+from infra.sandbox import proctree, seccomp
 from infra.sandbox.api import Limits, Profile, Result, SandboxError, StateLimitError, ro_mount, safe_relpath
 from infra.sandbox.cgroups import BoxCgroup, Cgroups
 from infra.sandbox.forkserver import ForkServer, can_serve
@@ -130,6 +131,45 @@ class BwrapBackend:
             # bwrap does not wait for its init, so wait4 never sees the tree's usage: GNU time does.
             cmd += [GNU_TIME, "-q", "-f", "%U %S %M", "-o", f"/proc/self/fd/{stats_fd}"]
         return cmd + argv
+
+
+def _stop_program(proc) -> bool:
+    """End a run that ran out of time or output below GNU time, so time reaps the program and
+    reports its real CPU and peak RSS (see infra.sandbox.proctree); True when it killed something."""
+    timer = proctree.find(proc.pid, lambda argv: argv[:2] == [GNU_TIME, "-q"])
+    if timer is None:  # no GNU time (a fork server's sandbox) or it is already gone
+        return False
+    killed = proctree.end_subtree(timer)
+    proctree.wait_gone(timer, 0.5)  # it writes its report, then exits
+    return killed
+
+
+# How a program that never started reads on stderr (GNU time's exec, or bwrap's own without time),
+# and the loader's words when it could not map a library under the address-space limit.
+_NOT_STARTED = re.compile(rf"^(?:{re.escape(GNU_TIME)}: cannot run |bwrap: execvp )")
+_LOADER = "error while loading shared libraries"
+_LOADER_MEMORY = re.compile(r"failed to map segment|cannot allocate memory|cannot map zero-fill pages|"
+                            r"cannot create shared object descriptor", re.I)
+
+
+def _not_started(result: Result) -> Result:
+    """'not_started' for a program that never ran (no such command or file, not executable, a
+    library missing), 'memory' when the loader could not map it under the limit; else as it was.
+
+    Before this a missing command read as verdict 'ok' with exit code 127, as if it had run.
+    Exit status 127/126 alone is no proof (``bash -c nosuchcmd`` did start and says 127), so the
+    sandbox runtime's own message, which comes before anything the program could print, decides.
+    """
+    err = result.stderr
+    if result.verdict == "ok" and result.exit_code in (126, 127) and _LOADER in err.split("\n", 1)[0]:
+        return result.model_copy(update={"verdict": "memory" if _LOADER_MEMORY.search(err) else "not_started"})
+    starts = result.verdict == "ok" and result.exit_code in (126, 127) or result.verdict == "error"
+    if starts and _NOT_STARTED.match(err):
+        code = result.exit_code  # bwrap's own execvp failure exits 1: say it the shell's way
+        if code not in (126, 127):
+            code = 126 if "Permission denied" in err.split("\n", 1)[0] else 127
+        return result.model_copy(update={"verdict": "not_started", "exit_code": code})
+    return result
 
 
 def _with_usage(result: Result, read_fd: int) -> Result:
@@ -264,12 +304,12 @@ class BwrapBox:
         return proc, read_fd
 
     def _finish(self, proc, read_fd: int | None, limits: Limits, stdin: bytes | None) -> Result:
-        result = supervise(proc, limits, stdin, signal_from_exit=True)
+        result = supervise(proc, limits, stdin, signal_from_exit=True, stop=_stop_program)
         if read_fd is not None:
             result = _with_usage(result, read_fd)
         if result.verdict == "ok" and result.exit_code == 1 and result.stderr.startswith(("bwrap:", "prlimit:")):
-            return result.model_copy(update={"verdict": "error"})
-        return result
+            result = result.model_copy(update={"verdict": "error"})
+        return _not_started(result)
 
     def warm(self) -> None:
         """Python profile: keep a fork server running in this box (see infra.sandbox.forkserver)."""

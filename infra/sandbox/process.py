@@ -15,7 +15,7 @@ import signal
 import subprocess
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 from infra.sandbox.api import Limits, Outcome, Result
 
@@ -57,11 +57,14 @@ def spawn(argv: Sequence[str], *, cwd: str | None = None, env: Mapping[str, str]
 
 
 def supervise(proc: subprocess.Popen, limits: Limits, stdin: bytes | None = None,
-              signal_from_exit: bool = False) -> Result:
+              signal_from_exit: bool = False, stop: Callable[[subprocess.Popen], bool] | None = None) -> Result:
     """Feed stdin, collect capped output until exit or deadline, kill the group, classify.
 
     The wall clock starts here. ``signal_from_exit``: the process is a supervisor (bwrap) that
     reports a child killed by signal N as exit status 128+N; read such statuses as that signal.
+    ``stop``: how the backend ends a program that ran out of time or output before the group is
+    killed, so that whatever accounts for its usage (GNU time in a bwrap box) still reports it;
+    True when it killed the program (which then counts as killed by SIGKILL, as the group kill would).
     """
     start = time.monotonic()
     deadline = start + limits.wall_s
@@ -70,20 +73,25 @@ def supervise(proc: subprocess.Popen, limits: Limits, stdin: bytes | None = None
     else:
         _feed(proc, stdin or b"")  # fits in the empty pipe: cannot block
     pidfd = os.pidfd_open(proc.pid)
+    reason = None  # stays None when collect raises: no stop, just the group kill
     try:
         (out, err), total, reason = collect([proc.stdout.fileno(), proc.stderr.fileno()], pidfd, limits, deadline)
     finally:
+        ended = time.monotonic()  # the run's wall clock ends here, not after the stop and the kill
+        stopped = reason is not None and stop is not None and stop(proc)
         _kill_tree(proc)  # on success too: stragglers of the same group go with the main process
         _, status, usage = os.wait4(proc.pid, 0)
         proc.returncode = os.waitstatus_to_exitcode(status)
         os.close(pidfd)
         proc.stdout.close()
         proc.stderr.close()
-    wall = time.monotonic() - start
+    wall = ended - start
     code = os.WEXITSTATUS(status) if os.WIFEXITED(status) else None
     sig = os.WTERMSIG(status) if os.WIFSIGNALED(status) else None
     if signal_from_exit and code is not None and 128 < code <= 128 + 64 and reason is None:
         code, sig = None, code - 128
+    if stopped:
+        code, sig = None, signal.SIGKILL
     return finish(out, err, total, reason, limits, wall, code, sig, usage.ru_utime + usage.ru_stime, usage.ru_maxrss)
 
 

@@ -354,7 +354,7 @@ class FilesEnvironment(EpisodeEnvironment):
                 return f"[write refused] {e}", None
             return f"[wrote {len(action.content)} chars to {action.path}]", None
         r = self.session.run(action.command, timeout=timeout_s)
-        if r.verdict == "error":
+        if r.verdict in ("error", "not_started"):  # bash itself did not start: the box is broken
             raise RuntimeError(r.stderr[-300:] or "sandbox error")
         text = r.stdout + (("\n[stderr]\n" + r.stderr) if r.stderr else "")
         status = f"[exit {r.exit_code}]" if r.verdict == "ok" else f"[{r.verdict}]"

@@ -119,7 +119,8 @@ def register(sub: argparse._SubParsersAction) -> None:
 
     pr = command("promote", promote_cmd, "move an alias to a version through the gate, with an audit trail")
     pr.add_argument("version", help="version number (or an alias, e.g. candidate)")
-    pr.add_argument("--alias", default="champion")
+    pr.add_argument("--alias", default="champion",
+                    help="alias to move; the gate compares the version with @champion whichever alias moves")
     pr.add_argument("--reason", required=True, help="why; kept in the audit trail")
     pr.add_argument("--force", action="store_true", help="promote even if the gate says no (recorded)")
     pr.add_argument("--min-improvement", type=float, default=defaults.min_improvement)

@@ -1,6 +1,8 @@
 """`temper sandbox run FILE | -- CMD ...`: run untrusted code in the local sandbox, print a JSON verdict.
 
-Exit status 0 when the program ran to completion and exited 0, 1 otherwise (the JSON says why).
+Exit status 0 when the program ran to completion and exited 0, 1 otherwise (the JSON says why:
+its ``verdict``, e.g. ``not_started`` for a command or file the sandbox could not run, ``timeout``
+with the CPU and peak memory the program had used when it was stopped).
 """
 
 from __future__ import annotations

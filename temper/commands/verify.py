@@ -9,17 +9,23 @@ default ``completion``; ``--reference`` judges the record's own gold ``reference
 check that a dataset and its verifier agree). Prints one JSON line per record (id, reward,
 details) and a final summary line. Records are scored concurrently (sandboxed families
 through the warm pool).
+
+A record the verifier cannot judge (no ``answer`` for numeric, a sandbox that failed) gets
+``"not_judged": REASON`` instead of a reward, and the summary counts the reasons. When no record
+at all was judged the command fails: a summary of nothing is not a passed check.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+from collections import Counter
 from pathlib import Path
 
 from temper.core.errors import CatalogError, DatasetError, TemperError
 from temper.core.jsonl import json_objects
 from temper.verifiers import get_verifier
+from temper.verifiers.base import not_judged_reasons
 
 
 def _records(path: Path) -> list[dict]:
@@ -52,7 +58,11 @@ async def _score_all(verifier, records: list[dict], completions: list[str], conc
 
     async def one(rec, text):
         async with gate:
-            return await verifier.ascore(rec, text)
+            with not_judged_reasons() as why:
+                verdict = await verifier.ascore(rec, text)
+        if verdict is not None:
+            return verdict, None
+        return None, "; ".join(why) or f"the {verifier.family} verifier returned no verdict and gave no reason"
 
     return await asyncio.gather(*(one(r, c) for r, c in zip(records, completions)))
 
@@ -94,19 +104,27 @@ def verify(args) -> int:
     completions = _references(verifier, records, args.records) if args.reference else \
         _completions(records, args.completion_field, args.records)
     verdicts = asyncio.run(_score_all(verifier, records, completions, args.concurrency))
-    rewards = []
-    for i, (rec, v) in enumerate(zip(records, verdicts)):
+    rewards, reasons = [], Counter()
+    for i, (rec, (v, why)) in enumerate(zip(records, verdicts)):
         row = {"id": rec.get("id", i), "reward": None if v is None else v.reward,
                "details": None if v is None else v.details}
         if weight is not None:
             row["weighted_reward"] = None if v is None else v.reward * weight
+        if v is None:
+            row["not_judged"] = why
+            reasons[why] += 1
         print(json.dumps(row, default=str))
         if v is not None:
             rewards.append(v.reward)
     summary = {"records": len(records), "judged": len(rewards), "not_judged": len(records) - len(rewards),
+               "not_judged_reasons": dict(reasons.most_common()),
                "mean_reward": round(sum(rewards) / len(rewards), 4) if rewards else None,
                "pass_rate": round(sum(r >= 1.0 for r in rewards) / len(rewards), 4) if rewards else None}
     print(json.dumps({"summary": summary}))
+    if not rewards:
+        top = f": {reasons.most_common(1)[0][0]}" if reasons else ""
+        more = f" (and {len(reasons) - 1} other reason(s))" if len(reasons) > 1 else ""
+        raise TemperError(f"{args.records}: no record was judged ({len(records)} record(s)){top}{more}")
     return 0
 
 

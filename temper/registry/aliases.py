@@ -1,8 +1,9 @@
 """Moving aliases on purpose: promote, rollback, and the post_training flow's own move.
 
 - ``promote``: move an alias through the same gate as the flow unless forced, with a reason
-  that stays on record. Promoting the version that already holds the alias changes nothing
-  and records nothing.
+  that stays on record. The gate always weighs the version against the champion (the policy's
+  ``alias``), whichever alias moves: @staging or @canary is no reason to forget that @champion
+  exists. Promoting the version that already holds the alias changes nothing and records nothing.
 - ``rollback``: the fast path back when a promoted model misbehaves. No gate: the previous
   holder was already trusted, and speed matters more than a second opinion.
 - ``record_flow_alias``: the flow's gate decision, recorded like a promotion, so a later
@@ -52,7 +53,8 @@ class PromoteParams(BaseModel):
     reason: str = Field(min_length=1, max_length=MAX_REASON_CHARS, description="Why; kept in the audit trail.")
     force: bool = Field(default=False, description="Promote even if the gate says no (recorded as forced).")
     policy: PromotionPolicy = Field(default_factory=PromotionPolicy,
-                                    description="Gate thresholds (its alias fields are ignored here).")
+                                    description="Gate thresholds; its ``alias`` names the champion the gate compares "
+                                                "with (fallback_alias is ignored here).")
 
 
 class RollbackParams(BaseModel):
@@ -134,9 +136,21 @@ def _move_alias(c: Any, model: str, alias: str, version: str, previous: str | No
                             f"alias restored to {('v' + previous) if previous else 'unset'}") from None
 
 
+def _gate(c: Any, model: str, mv: Any, held: dict[str, str], policy: PromotionPolicy) -> GateDecision:
+    """The gate's decision on ``mv`` against the champion (``policy.alias``), not against the holder of
+    the alias being moved: a @staging nobody holds yet does not mean there is no champion."""
+    champion = held.get(policy.alias)
+    if champion == version_of(mv):
+        return GateDecision(passed=True, reason=f"v{champion} is @{policy.alias} itself")
+    holder = c.get_model_version(model, champion) if champion else None
+    return decide(mean_rewards(mv.tags), mean_rewards(holder.tags) if holder else None, policy,
+                  version_samples(mv), version_samples(holder) if holder else None,
+                  version_curves(mv), version_curves(holder) if holder else None)
+
+
 def promote(model: str, version: str, *, reason: str, alias: str = "champion", force: bool = False,
             policy: PromotionPolicy | None = None) -> AliasChange:
-    """Move ``alias`` to ``version`` if the gate (candidate vs current holder) passes, or if forced."""
+    """Move ``alias`` to ``version`` if the gate (version vs the champion) passes, or if forced."""
     reason = _check_reason(reason)
     c = client()
     registered_model(c, model)
@@ -147,10 +161,7 @@ def promote(model: str, version: str, *, reason: str, alias: str = "champion", f
         current = aliases_of(rm).get(alias)
         if current == target:
             return AliasChange(model=model, alias=alias, version=target, previous=current, changed=False)
-        holder = c.get_model_version(model, current) if current else None
-        decision = decide(mean_rewards(mv.tags), mean_rewards(holder.tags) if holder else None,
-                          policy or PromotionPolicy(), version_samples(mv), version_samples(holder) if holder else None,
-                          version_curves(mv), version_curves(holder) if holder else None)
+        decision = _gate(c, model, mv, aliases_of(rm), policy or PromotionPolicy())
         if not decision.passed and not force:
             on = f"v{current}" if current else "unset"
             raise GateBlocked(f"{model} v{target} -> @{alias} blocked by the gate: {decision.reason} "

@@ -1,4 +1,4 @@
-"""The lineage of one model version as a graph, rendered as mermaid, DOT or PNG.
+"""The lineage of a model version (or of any run) as one graph, rendered as text, JSON, mermaid, DOT or PNG.
 
     datasets -> contract validation -> SFT run -> GRPO run -> eval runs -> model version -> aliases
 
@@ -6,6 +6,11 @@
 also wants the *siblings*: the stage runs under the same lifecycle run (validate, sft, grpo,
 eval), which is what this module adds. Building (``build_graph``) talks to MLflow; assembling
 (``assemble``) and rendering are plain functions over plain data, so they are unit-testable.
+
+Every format of ``temper lineage`` renders the same ``LineageGraph``: the text and JSON formats
+once walked the tree on their own and showed only the register run, its parent and the datasets
+while mermaid showed the whole chain. A node's ``attrs`` (full run ids, git commit, config hash,
+dataset sources) are the detail text and JSON add; the nodes and edges are the same everywhere.
 
 The graph is attached to the version's run (``lineage/graph.{json,mmd,dot,png}``), so the
 MLflow UI shows it next to the model files. PNG uses matplotlib (already a dependency of
@@ -23,14 +28,16 @@ from pathlib import Path
 from typing import Any
 
 from infra import lineage
-from infra.lineage import TAG_STAGE, DatasetRef, RunNode
+from infra.lineage import TAG_BASE_MODEL, TAG_CONFIG_HASH, TAG_GIT, TAG_STAGE, DatasetRef, RunNode
 from temper.registry.samples import is_version_eval, lifecycle_run_id, stage_runs
 from temper.registry.store import aliases_of, client, version_of
 from temper.registry.tags import parse_eval_tags
-from temper.registry.versions import resolve_ref
+from temper.registry.versions import resolve_ref, split_ref
 
-# Left-to-right order of the layers; also the column of each kind in the PNG.
-LAYERS = ("dataset", "validation", "sft", "grpo", "eval", "model_version", "alias")
+# Left-to-right order of the layers; also the column of each kind in the PNG. "run": the run a
+# run-id reference names when it is none of the stages drawn (a register run, a lone run).
+LAYERS = ("dataset", "validation", "sft", "grpo", "eval", "run", "model_version", "alias")
+RUN_ATTRS = {"git_commit": TAG_GIT, "config_hash": TAG_CONFIG_HASH, "base_model": TAG_BASE_MODEL}
 TRAINING_STAGES = ("sft", "grpo")
 ARTIFACT_DIR = "lineage"
 
@@ -41,6 +48,7 @@ class Node:
     kind: str  # one of LAYERS
     label: str
     detail: str = ""
+    attrs: dict[str, str] = field(default_factory=dict, compare=False)  # text/JSON only: full ids, sources
 
 
 @dataclass(frozen=True)
@@ -92,7 +100,13 @@ def _safe(text: str) -> str:
 
 def _dataset_node(d: DatasetRef, validated: bool) -> Node:
     detail = f"digest {d.digest[:12]}" + ("" if validated else " (not validated)")
-    return Node(id=f"ds_{_safe(d.name)}_{_safe(d.digest[:12])}", kind="dataset", label=d.name, detail=detail)
+    attrs = {"digest": d.digest, "source": d.source, **({"context": d.context} if d.context else {})}
+    return Node(id=f"ds_{_safe(d.name)}_{_safe(d.digest[:12])}", kind="dataset", label=d.name, detail=detail,
+                attrs=attrs)
+
+
+def _run_attrs(run: RunNode) -> dict[str, str]:
+    return {"run_id": run.run_id, **{k: run.tags[t] for k, t in RUN_ATTRS.items() if t in run.tags}}
 
 
 def _eval_detail(metrics: dict[str, float]) -> str:
@@ -102,8 +116,13 @@ def _eval_detail(metrics: dict[str, float]) -> str:
     return " ".join(parts)
 
 
-def assemble(ref: str, version: VersionInfo, lifecycle: RunNode | None, stages: list[RunNode]) -> LineageGraph:
+def assemble(ref: str, version: VersionInfo | None, lifecycle: RunNode | None, stages: list[RunNode],
+             focus: RunNode | None = None) -> LineageGraph:
     """Layer by layer; each layer is linked from every node of the previous non-empty layer.
+
+    ``version`` None: the graph of a run reference (``focus``, the run it names) instead of a
+    model version: its lifecycle's layers, then the run itself when it is none of them (a
+    register run, or a lone run such as `temper data validate --track`'s with no validation tag).
 
     Contract validation is a 'validate' stage run when there is one, else the lifecycle run's
     ``temper.data.validation`` tag (the post-training flow validates, then logs the validated
@@ -121,13 +140,13 @@ def assemble(ref: str, version: VersionInfo, lifecycle: RunNode | None, stages: 
         for run in by_stage["validate"]:
             result = run.tags.get("temper.data.validation", "?")
             validation_ids.append(g.add(Node(f"run_{run.run_id}", "validation", "contract validation",
-                                             f"{result}, run {run.run_id[:8]}")))
+                                             f"{result}, run {run.run_id[:8]}", _run_attrs(run))))
             validated_sets.extend(run.datasets)
     elif lifecycle is not None:
         if "temper.data.validation" in lifecycle.tags:
             validation_ids.append(g.add(Node(f"validation_{lifecycle.run_id}", "validation", "contract validation",
                                              f"{lifecycle.tags['temper.data.validation']}, lifecycle run "
-                                             f"{lifecycle.run_id[:8]}")))
+                                             f"{lifecycle.run_id[:8]}", _run_attrs(lifecycle))))
         validated_sets.extend(lifecycle.datasets)
     validated = {(d.name, d.digest) for d in validated_sets} if validation_ids else set()
     dataset_ids = [g.add(_dataset_node(d, bool(validation_ids))) for d in validated_sets]
@@ -139,7 +158,8 @@ def assemble(ref: str, version: VersionInfo, lifecycle: RunNode | None, stages: 
     for stage in TRAINING_STAGES:
         layer = []
         for run in by_stage.get(stage, []):
-            sid = g.add(Node(f"run_{run.run_id}", stage, f"{stage.upper()} run", f"{run.name} {run.run_id[:8]}"))
+            sid = g.add(Node(f"run_{run.run_id}", stage, f"{stage.upper()} run", f"{run.name} {run.run_id[:8]}",
+                             _run_attrs(run)))
             layer.append(sid)
             for d in run.datasets:
                 if (d.name, d.digest) not in validated:
@@ -149,13 +169,14 @@ def assemble(ref: str, version: VersionInfo, lifecycle: RunNode | None, stages: 
                 g.link(src, dst)
         frontier = layer or frontier
 
-    evals = parse_eval_tags(version.tags)
+    evals = parse_eval_tags(version.tags) if version is not None else {}
     layer = []
     # only the version's own evals: the flow also scores the base model under the same lifecycle run
     for run in (r for r in by_stage.get("eval", []) if is_version_eval(r.tags)):
         domain = run.tags.get("temper.domain", run.name)
         layer.append(g.add(Node(f"run_{run.run_id}", "eval", f"eval {domain}",
-                                f"{_eval_detail(evals.get(domain, {}))} run {run.run_id[:8]}".strip())))
+                                f"{_eval_detail(evals.get(domain, {}))} run {run.run_id[:8]}".strip(),
+                                _run_attrs(run))))
     if not layer:  # eval results only as version tags (no eval runs recorded)
         layer = [g.add(Node(f"eval_{_safe(d)}", "eval", f"eval {d}", f"{_eval_detail(m)} (no eval run)"))
                  for d, m in evals.items()]
@@ -164,11 +185,23 @@ def assemble(ref: str, version: VersionInfo, lifecycle: RunNode | None, stages: 
             g.link(src, dst)
     frontier = layer or frontier
 
+    if version is None:
+        if focus is not None and not any(n.attrs.get("run_id") == focus.run_id for n in g.nodes.values()):
+            fid = g.add(Node(f"run_{focus.run_id}", "run", f"run {focus.name}",
+                             " ".join(p for p in (focus.tags.get(TAG_STAGE, ""), focus.run_id[:8]) if p),
+                             _run_attrs(focus)))
+            for d in focus.datasets:
+                g.link(g.add(_dataset_node(d, (d.name, d.digest) in validated)), fid)
+            for src in frontier:
+                if src != fid and g.nodes[src].kind != "dataset":
+                    g.link(src, fid)
+        return g
     base = version.tags.get("temper.base_model")
     mv_id = g.add(Node(f"mv_{_safe(version.name)}_{version.version}", "model_version",
                        f"{version.name} v{version.version}",
                        " ".join(p for p in (f"base {base}" if base else "",
-                                            f"run {version.run_id[:8]}" if version.run_id else "") if p)))
+                                            f"run {version.run_id[:8]}" if version.run_id else "") if p),
+                       {"run_id": version.run_id} if version.run_id else {}))
     for src in frontier:
         g.link(src, mv_id)
     for alias in sorted(version.aliases):
@@ -176,22 +209,66 @@ def assemble(ref: str, version: VersionInfo, lifecycle: RunNode | None, stages: 
     return g
 
 
+def _lifecycle(lifecycle_id: str) -> tuple[RunNode, list[RunNode]]:
+    """A lifecycle run and its stage runs, each with its datasets."""
+    return (lineage.lineage_tree(lifecycle_id).run,
+            [lineage.lineage_tree(r.info.run_id).run for r in stage_runs(lifecycle_id)])
+
+
+def _run_graph(ref: str) -> LineageGraph:
+    """The graph of a run id: the lifecycle of the run's topmost parent, with the run in it."""
+    focus = lineage.lineage_tree(ref).run
+    root = focus
+    while root.parent is not None:
+        root = root.parent
+    lifecycle, stages = _lifecycle(root.run_id)
+    return assemble(ref, None, lifecycle, stages, focus=focus)
+
+
 def build_graph(ref: str) -> LineageGraph:
-    """Resolve ``MODEL@ALIAS`` or ``MODEL/VERSION`` and gather its lifecycle's runs from MLflow."""
+    """Resolve ``MODEL@ALIAS`` or ``MODEL/VERSION`` and gather its lifecycle's runs from MLflow;
+    anything else is a run id (``_run_graph``)."""
+    if split_ref(ref) is None:
+        return _run_graph(ref)
     mv = resolve_ref(client(), ref)
     version = VersionInfo(name=mv.name, version=version_of(mv),
                           aliases=sorted(a for a, v in aliases_of(client().get_registered_model(mv.name)).items()
                                          if v == version_of(mv)),
                           run_id=mv.run_id, tags=dict(mv.tags))
     lifecycle_id = lifecycle_run_id(mv)
-    lifecycle = stages = None
-    if lifecycle_id:
-        lifecycle = lineage.lineage_tree(lifecycle_id).run
-        stages = [lineage.lineage_tree(r.info.run_id).run for r in stage_runs(lifecycle_id)]
-    return assemble(ref, version, lifecycle, stages or [])
+    lifecycle, stages = _lifecycle(lifecycle_id) if lifecycle_id else (None, [])
+    return assemble(ref, version, lifecycle, stages)
 
 
 # ---- rendering -------------------------------------------------------------------------------
+
+def _ordered(g: LineageGraph) -> list[Node]:
+    """Nodes layer by layer (LAYERS order), in the order they were added within a layer."""
+    return sorted(g.nodes.values(), key=lambda n: LAYERS.index(n.kind) if n.kind in LAYERS else len(LAYERS))
+
+
+def to_text(g: LineageGraph) -> str:
+    """One line per node (kind, id, label, detail, attrs), upstream first, each followed by its inputs."""
+    head = f"lineage of {g.ref}"
+    if g.version is not None:
+        aliases = f" aliases={','.join(g.version.aliases)}" if g.version.aliases else ""
+        head += f": model {g.version.name} v{g.version.version}{aliases}"
+    lines = [head]
+    inputs: dict[str, list[str]] = {}
+    for e in g.edges:
+        inputs.setdefault(e.dst, []).append(e.src)
+    for n in _ordered(g):
+        text = ", ".join(p for p in (n.label, n.detail) if p)
+        attrs = " ".join(f"{k}={v}" for k, v in n.attrs.items())
+        lines.append(f"{n.kind} {n.id}: {text}" + (f"  {attrs}" if attrs else ""))
+        if n.id in inputs:
+            lines.append(f"  <- {', '.join(inputs[n.id])}")
+    return "\n".join(lines) + "\n"
+
+
+def to_json(g: LineageGraph) -> str:
+    return json.dumps(g.to_dict(), indent=2) + "\n"
+
 
 _MERMAID_SHAPES = {"dataset": ('[("', '")]'), "model_version": ('[["', '"]]'), "alias": ('(["', '"])')}
 _DOT_SHAPES = {"dataset": "cylinder", "model_version": "box3d", "alias": "ellipse"}
@@ -222,7 +299,7 @@ def to_dot(g: LineageGraph) -> str:
 
 
 _PNG_COLORS = {"dataset": "#dbeafe", "validation": "#fef3c7", "sft": "#e0e7ff", "grpo": "#ede9fe",
-               "eval": "#dcfce7", "model_version": "#fde68a", "alias": "#fecaca"}
+               "eval": "#dcfce7", "run": "#f3f4f6", "model_version": "#fde68a", "alias": "#fecaca"}
 
 
 def render_png(g: LineageGraph, path: str | Path) -> Path:
@@ -266,7 +343,7 @@ def attach(g: LineageGraph, run_id: str, png: Path | None = None) -> list[str]:
 
     client = MlflowClient()
     written = []
-    client.log_text(run_id, json.dumps(g.to_dict(), indent=2), f"{ARTIFACT_DIR}/graph.json")
+    client.log_text(run_id, to_json(g), f"{ARTIFACT_DIR}/graph.json")
     client.log_text(run_id, to_mermaid(g), f"{ARTIFACT_DIR}/graph.mmd")
     client.log_text(run_id, to_dot(g), f"{ARTIFACT_DIR}/graph.dot")
     written += [f"{ARTIFACT_DIR}/graph.{ext}" for ext in ("json", "mmd", "dot")]

@@ -4,12 +4,20 @@ A verifier is a plain class configured once from a domain's ``verifier.params`` 
 asked to score many (record, completion) pairs. It returns ``None`` when the record is
 not something it can judge (so a mixed batch never gets a fake 0), otherwise a
 ``Verdict`` whose reward lies in [0, 1].
+
+A family returns that None as ``not_judged(reason)``: training only needs the None, but a person
+running ``temper verify`` on a file where nothing was judged needs the why (a record without
+``answer``), so the reason goes to whoever listens through ``not_judged_reasons``. A context
+variable rather than a richer return type: every caller that tests ``verdict is None`` keeps working.
 """
 
 from __future__ import annotations
 
 import asyncio
 import re
+from collections.abc import Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 from difflib import get_close_matches
 from functools import lru_cache
@@ -27,6 +35,29 @@ class Verdict:
     def __post_init__(self) -> None:
         if not 0.0 <= self.reward <= 1.0:
             raise ValueError(f"reward must be in [0, 1], got {self.reward}")
+
+
+_WHY_NOT: ContextVar[list[str] | None] = ContextVar("temper_not_judged", default=None)
+
+
+def not_judged(reason: str) -> None:
+    """What ``score`` returns for a record it cannot judge: None, with ``reason`` kept for a listener."""
+    sink = _WHY_NOT.get()
+    if sink is not None:
+        sink.append(reason)
+    return None
+
+
+@contextmanager
+def not_judged_reasons() -> Iterator[list[str]]:
+    """Collect the ``not_judged`` reasons given while scoring inside the block (worker threads of
+    ``asyncio.to_thread`` included: they run in a copy of this context, which shares the list)."""
+    sink: list[str] = []
+    token = _WHY_NOT.set(sink)
+    try:
+        yield sink
+    finally:
+        _WHY_NOT.reset(token)
 
 
 #: Params that ``screen`` and ``without_inputs`` read for every family, with their types.

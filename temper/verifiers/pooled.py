@@ -11,7 +11,7 @@ import logging
 from typing import Any
 
 from infra.sandbox.pool import PoolFull, QueueTimeout
-from temper.verifiers.base import Verdict, Verifier
+from temper.verifiers.base import Verdict, Verifier, not_judged
 
 log = logging.getLogger(__name__)
 
@@ -34,7 +34,7 @@ class PooledVerifier(Verifier):
             result = pool.exec(argv, **kwargs)
         except (PoolFull, QueueTimeout) as e:  # overload is not the completion's fault
             log.warning("%s: %s", self.family, e)
-            return None
+            return not_judged(f"sandbox overloaded: {e}")
         return self._verdict(result, context)
 
     async def ascore(self, record: dict[str, Any], completion: str) -> Verdict | None:
@@ -46,5 +46,5 @@ class PooledVerifier(Verifier):
             result = await pool.aexec(argv, **kwargs)
         except (PoolFull, QueueTimeout) as e:
             log.warning("%s: %s", self.family, e)
-            return None
+            return not_judged(f"sandbox overloaded: {e}")
         return self._verdict(result, context)

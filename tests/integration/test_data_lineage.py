@@ -33,7 +33,8 @@ def test_generate_validate_and_lineage_round_trip(tracked, capsys):
     capsys.readouterr()
     assert main(["lineage", run.info.run_id]) == 0
     out = capsys.readouterr().out
-    assert f"dataset arithmetic digest={inputs['arithmetic'].digest}" in out
+    assert f"dataset ds_arithmetic_{inputs['arithmetic'].digest[:12]}: arithmetic, digest " in out
+    assert f"digest={inputs['arithmetic'].digest}" in out and "validation validation_" in out
     assert mlflow.get_tracking_uri() == tracked
 
 

@@ -235,6 +235,24 @@ def test_gate_blocks_promotion_until_forced(tracked, model, capsys):
     assert len(audit_trail(model)) == events
 
 
+def test_promote_to_any_alias_is_gated_against_the_champion(tracked, model, capsys):
+    """Issue 29.8: `promote candidate --alias staging` said 'no champion yet' while @champion was v1."""
+    register(model, GOOD, passed=True)    # v1 @champion
+    register(model, WORSE, passed=False)  # v2: arithmetic -0.25
+    register(model, BEST, passed=False)   # v3 @candidate: better everywhere
+    for alias in ("staging", "canary"):
+        code, _, err = cli(capsys, "models", "promote", model, "2", "--alias", alias, "--reason", "try")
+        assert code == 1 and f"{model} v2 -> @{alias} blocked by the gate: arithmetic regressed by 0.250" in err, err
+        assert f"(@{alias} stays unset; --force to override)" in err
+        code, out, err = cli(capsys, "models", "promote", model, "candidate", "--alias", alias, "--reason", "try")
+        assert code == 0, err
+        assert out.startswith(f"{model}@{alias}: nobody -> v3 (promote #1); gate: pass: mean improvement +0."), out
+        assert "no champion" not in out
+    code, out, err = cli(capsys, "models", "promote", model, "champion", "--alias", "canary", "--reason", "back")
+    assert code == 0 and out.endswith("gate: pass: v1 is @champion itself\n"), (out, err)
+    assert aliases(model) == {"champion": "1", "candidate": "3", "staging": "3", "canary": "1"}
+
+
 def test_bad_input_is_one_clear_line_and_changes_nothing(tracked, shared, capsys):
     model = shared
     cases = {
@@ -343,8 +361,37 @@ def test_lineage_graph_formats_and_artifacts(tracked, shared, tmp_path, capsys):
     code, out, _ = cli(capsys, "lineage", f"{model}@champion", "--format", "png", "--out", str(png))
     assert code == 0 and png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert "lineage/graph.png" in {f.path for f in client.list_artifacts(mv.run_id, "lineage")}
-    code, out, _ = cli(capsys, "lineage", f"{model}@champion")  # the text tree is unchanged
-    assert code == 0 and out.startswith(f"model {model} v1 aliases=champion\n  produced by run register")
+    code, out, _ = cli(capsys, "lineage", f"{model}@champion")
+    assert code == 0 and out.startswith(f"lineage of {model}@champion: model {model} v1 aliases=champion\n")
+
+
+@pytest.mark.parametrize("of", ["version", "its run", "a stage run"])
+def test_lineage_text_and_json_show_the_graph_mermaid_shows(tracked, shared, capsys, of):
+    """Issue 29.4: text and json showed the register run, its parent and the datasets; mermaid the whole chain."""
+    from mlflow.tracking import MlflowClient
+
+    from tests.unit.test_registry_ops_units import graph_of
+
+    mv = MlflowClient().get_model_version_by_alias(shared, "champion")
+    ref = {"version": f"{shared}@champion", "its run": mv.run_id,
+           "a stage run": MlflowClient().get_run(mv.run_id).data.tags["mlflow.parentRunId"]}[of]
+    if of == "a stage run":  # the sft run under the same lifecycle
+        from temper.registry.samples import stage_runs
+
+        ref = next(r.info.run_id for r in stage_runs(ref) if r.data.tags.get("temper.stage") == "sft")
+    graphs = {}
+    for fmt in ("text", "json", "mermaid", "dot"):
+        code, out, err = cli(capsys, "lineage", ref, "--format", fmt, "--no-attach")
+        assert code == 0, err
+        graphs[fmt] = graph_of(fmt, out)
+    nodes, edges = graphs["mermaid"]
+    assert graphs["text"] == graphs["json"] == graphs["dot"] == (nodes, edges)
+    kinds = {n.split("_", 1)[0] for n in nodes}
+    assert {"ds", "validation", "run"} <= kinds
+    assert ("mv" in kinds) == (of == "version")
+    # 3 datasets -> validation, scratch + validation -> sft -> grpo -> 3 evals (9), then -> v1 -> @champion
+    # (13, as in test_lineage_graph_formats_and_artifacts) or -> the register run a run id names (12)
+    assert len(edges) == {"version": 13, "its run": 12, "a stage run": 9}[of]
 
 
 @pytest.mark.slow  # a Prefect server (~20 s to start here), shared with the other flow tests in a full run

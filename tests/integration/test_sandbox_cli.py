@@ -66,7 +66,10 @@ def test_verify_prints_a_line_per_record_and_a_summary(tmp_path):
     lines = [json.loads(x) for x in out.splitlines()]
     assert code == 0
     assert [(x["id"], x["reward"]) for x in lines[:3]] == [("a", 1.0), ("b", 0.0), ("c", None)]
-    assert lines[3]["summary"] == {"records": 3, "judged": 2, "not_judged": 1, "mean_reward": pytest.approx(0.5), "pass_rate": pytest.approx(0.5)}
+    why = "record has no 'answer' (numeric answer_field) to compare with"
+    assert "not_judged" not in lines[0] and lines[2]["not_judged"] == why
+    assert lines[3]["summary"] == {"records": 3, "judged": 2, "not_judged": 1, "not_judged_reasons": {why: 1},
+                                   "mean_reward": pytest.approx(0.5), "pass_rate": pytest.approx(0.5)}
 
 
 def test_verify_errors_name_the_input(tmp_path):
@@ -128,3 +131,58 @@ def test_verify_scores_a_bracket_bomb_zero_and_every_other_record(tmp_path):
     assert p.returncode == 0 and "Traceback" not in p.stderr, p.stderr[-2000:]
     assert [r["reward"] for r in rows[:3]] == [0.0, 1.0, 1.0]
     assert rows[0]["details"]["outcome"] == "no_action" and "nested deeper than" in rows[0]["details"]["reason"]
+
+
+@needs_bwrap
+def test_a_program_that_never_started_is_not_ok(tmp_path):
+    """Issue 29.5: each way a program fails to start read as verdict 'ok' with exit code 127."""
+    noext = tmp_path / "prog"  # exists on the host, has no suffix: run as a command, absent in the sandbox
+    noext.write_text("echo hi\n")
+    cases = [(["--", "nosuchcmd"], 127), (["--", "/no/such/file", "arg"], 127), ([str(noext)], 127),
+             (["--", "/etc/passwd"], 126)]  # there, but not executable
+    for argv, exit_code in cases:
+        code, out, _ = temper("sandbox", "run", *argv)
+        result = json.loads(out)
+        assert code == 1 and (result["verdict"], result["exit_code"]) == ("not_started", exit_code), (argv, result)
+    code, out, _ = temper("sandbox", "run", "--memory", "1", "--", "true")  # the loader cannot map libc
+    result = json.loads(out)
+    assert code == 1 and result["verdict"] == "memory" and "failed to map segment" in result["stderr"], result
+    # a program that started and then reported 127 itself keeps its own verdict
+    code, out, _ = temper("sandbox", "run", "--", "bash", "-c", "nosuchcmd")
+    result = json.loads(out)
+    assert code == 1 and (result["verdict"], result["exit_code"]) == ("ok", 127), result
+
+
+# Burns CPU, holds ~200 MB resident, and prints the CPU it has used so far, so the usage the
+# sandbox reports after killing it can be checked against the program's own count (the machine
+# may be busy: a 2 s timeout does not mean 2 s of CPU).
+BUSY_AND_BIG = """
+import time
+big = bytearray(200 << 20)
+for i in range(0, len(big), 4096):
+    big[i] = 1
+last = 0.0
+while True:
+    now = time.process_time()
+    if now - last > 0.02:
+        print(now, flush=True)
+        last = now
+"""
+
+
+@needs_bwrap
+@pytest.mark.parametrize("shape", ["program", "child of a shell"])
+def test_a_timed_out_program_reports_the_cpu_and_memory_it_used(shape):
+    """Issue 29.6: a timed-out loop reported cpu_s 0.004 and max_rss 36 MB (bwrap's own, not the program's)."""
+    argv = ["python3", "-c", BUSY_AND_BIG]
+    if shape != "program":  # the shell waits for python: python is ended first, so the shell counts it
+        argv = ["bash", "-c", f"python3 -c '{BUSY_AND_BIG}'; echo after"]
+    code, out, _ = temper("sandbox", "run", "--timeout", "2", "--memory", "1024", "--", *argv)
+    result = json.loads(out)
+    assert code == 1 and result["verdict"] == "timeout" and result["signal"] == 9, result
+    seen = float(result["stdout"].split()[-1])  # the program's own CPU count shortly before it was killed
+    assert seen > 0.2, result  # it did run for a while
+    assert seen <= result["cpu_s"] <= seen + 0.5, (seen, result)
+    assert result["max_rss_mb"] >= 200, result
+    assert "after" not in result["stdout"]
+    assert result["wall_s"] < 2.5

@@ -156,3 +156,55 @@ def test_report_at_hundreds_of_domains_summarises_and_keeps_the_full_table():
     assert len(rows) == 300 and {r["domain"] for r in rows} == set(names)
     small = before_after_markdown({"a": 0.1}, {"a": 0.2}, {"a": 0.15})
     assert small.splitlines()[2] == "| a | 0.100 | 0.200 | +0.100 | 0.150 |"
+
+
+def graph_of(fmt: str, out: str) -> tuple[set[str], set[tuple[str, str]]]:
+    """(node ids, edges) as a rendering shows them: what every format must agree on (issue 29.4)."""
+    import json
+    import re
+
+    if fmt == "json":
+        g = json.loads(out)
+        return {n["id"] for n in g["nodes"]}, {(e["src"], e["dst"]) for e in g["edges"]}
+    if fmt == "mermaid":
+        return (set(re.findall(r"^  (\w+)[\[(]", out, re.M)),
+                set(re.findall(r"^  (\w+) --> (\w+)$", out, re.M)))
+    if fmt == "dot":
+        return set(re.findall(r"^  (\w+) \[label=", out, re.M)), set(re.findall(r"^  (\w+) -> (\w+);$", out, re.M))
+    nodes, edges, current = set(), set(), None
+    for line in out.splitlines()[1:]:  # text: "KIND ID: ..." per node, "  <- SRC, SRC" for its inputs
+        if line.startswith("  <- "):
+            edges |= {(src, current) for src in line[5:].split(", ")}
+        else:
+            current = line.split(" ", 2)[1].rstrip(":")
+            nodes.add(current)
+    return nodes, edges
+
+
+def _lifecycle_graph(version):
+    ds = [DatasetRef(name=n, digest=n[0] * 32, source=f"/store/{n}.jsonl", context="training") for n in ("a", "b")]
+    lifecycle = RunNode(run_id="L" * 32, name="life", experiment_id="0",
+                        tags={"temper.data.validation": "pass", "temper.git_commit": "abc"}, datasets=ds)
+    scratch = DatasetRef(name="scratch", digest="s" * 32, source="/tmp/s", context=None)
+    stages = [_run("S" * 32, "sft", [scratch]), _run("G" * 32, "grpo"), _run("E" * 32, "eval", **{"temper.domain": "a"}),
+              _run("F" * 32, "eval", **{"temper.domain": "b"}), _run("R" * 32, "register")]
+    return assemble("m@champion" if version else "R" * 32, version, lifecycle, stages,
+                    focus=None if version else stages[-1])
+
+
+@pytest.mark.parametrize("of", ["version", "run"])
+def test_every_format_renders_the_same_nodes_and_edges(of):
+    from temper.registry.lineage_graph import to_json, to_text
+
+    version = VersionInfo(name="m", version="2", aliases=["champion"], run_id="R" * 32,
+                          tags={"temper.eval.a.mean_reward": "0.5"}) if of == "version" else None
+    g = _lifecycle_graph(version)
+    expected = (set(g.nodes), {(e.src, e.dst) for e in g.edges})
+    assert len(expected[0]) >= 8 and len(expected[1]) >= 8
+    for fmt, render in (("text", to_text), ("json", to_json), ("mermaid", to_mermaid), ("dot", to_dot)):
+        assert graph_of(fmt, render(g)) == expected, fmt
+    text = to_text(g)
+    assert f"source=/store/a.jsonl" in text and "git_commit=abc" in text and f"run_id={'S' * 32}" in text
+    if of == "run":  # the register run a run id names is drawn, downstream of the evals
+        assert f"run run_{'R' * 32}: run register-x, register RRRRRRRR  run_id={'R' * 32}" in text
+        assert (f"run_{'E' * 32}", f"run_{'R' * 32}") in expected[1]

@@ -14,7 +14,7 @@ from typing import Any
 
 from pydantic import NonNegativeFloat
 
-from temper.verifiers.base import Verdict, Verifier
+from temper.verifiers.base import Verdict, Verifier, not_judged
 from temper.verifiers.families.matching import (
     PICK,
     candidates,
@@ -59,12 +59,12 @@ class DocQAVerifier(Verifier):
         field = self.params.get("answer_field", "answer")
         gold_raw = record.get(field)
         if gold_raw is None or gold_raw == "" or gold_raw == []:
-            return None
+            return not_judged(f"record has no {field!r} (doc_qa answer_field) to compare with")
         golds = [str(g) for g in gold_raw] if isinstance(gold_raw, list) else [str(gold_raw)]
         if self.params.get("grounded"):
             doc = normalize(str(record.get(self.params.get("document_field", "document"), "")))
             if not any(normalize(g) in doc for g in golds):
-                return None
+                return not_judged("grounded: no gold answer occurs in the record's document")
         if (bad := self.screen(record, completion)) is not None:
             return bad
         completion = self.without_inputs(record, completion)

@@ -17,7 +17,7 @@ from typing import Any, Literal
 from pydantic import PositiveFloat, PositiveInt
 
 from temper.agent.environment import EpisodeLimits, action_texts, make_environment, play
-from temper.verifiers.base import Verdict, Verifier
+from temper.verifiers.base import Verdict, Verifier, not_judged
 from temper.verifiers.registry import register
 
 
@@ -62,7 +62,7 @@ class EpisodeVerifier(Verifier):
 
     def score(self, record: dict[str, Any], completion: str) -> Verdict | None:
         if not record.get("instruction"):
-            return None
+            return not_judged("record has no 'instruction' (episode)")
         if (bad := self.screen(record, completion)) is not None:
             return bad
         env = self.environment()

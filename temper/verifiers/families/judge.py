@@ -28,7 +28,7 @@ from temper.core.templates import template_columns
 from temper.judges import JudgeError, RubricError, UnparseableOutput
 from temper.judges.judge import Judge, JudgeResult, JudgeSpec
 from temper.judges.rubric import CalibrationOverrides, Rubric, resolve_rubric
-from temper.verifiers.base import Verdict, Verifier
+from temper.verifiers.base import Verdict, Verifier, not_judged
 from temper.verifiers.registry import register
 
 log = logging.getLogger(__name__)
@@ -81,6 +81,7 @@ class JudgeVerifier(Verifier):
             self.skipped[kind] += 1
             if len(self.skips) < MAX_SKIPS_KEPT:
                 self.skips.append({"item": item, "kind": kind, "reason": reason})
+        return not_judged(f"judge {kind}: {reason}")
 
     def judge_record(self, record: dict[str, Any], completion: str) -> JudgeResult:
         """The full judge result for one record; raises JudgeError (naming the item) or KeyError."""
@@ -98,14 +99,11 @@ class JudgeVerifier(Verifier):
         try:
             result = self.judge_record(record, completion)
         except KeyError as e:
-            self._skip(item, "missing_column", f"record has no column {e.args[0]!r}")
-            return None
+            return self._skip(item, "missing_column", f"record has no column {e.args[0]!r}")
         except UnparseableOutput as e:
-            self._skip(item, "unparseable", str(e))
-            return None
+            return self._skip(item, "unparseable", str(e))
         except JudgeError as e:
-            self._skip(item, "judge_error", str(e))
-            return None
+            return self._skip(item, "judge_error", str(e))
         return Verdict(result.score, {"raw_score": result.raw_score, "rationale": result.rationale,
                                       "scale": [self.rubric.scale.min, self.rubric.scale.max],
                                       "digest": result.digest, "cached": result.cached, "judge": result.judge_id})

@@ -14,7 +14,7 @@ from typing import Any, Literal
 
 from pydantic import NonNegativeFloat
 
-from temper.verifiers.base import Verdict, Verifier
+from temper.verifiers.base import Verdict, Verifier, not_judged
 from temper.verifiers.registry import register
 
 #: Which number of a completion is its answer when nothing marks one (a boxed or "answer:" number wins).
@@ -100,10 +100,10 @@ class NumericVerifier(Verifier):
     def score(self, record: dict[str, Any], completion: str) -> Verdict | None:
         field = self.params.get("answer_field", "answer")
         if field not in record or record[field] is None:
-            return None
+            return not_judged(f"record has no {field!r} (numeric answer_field) to compare with")
         gold = parse_number(str(record[field]))
-        if gold is None:
-            return None  # the record's own answer is not a number: not ours to judge
+        if gold is None:  # the record's own answer is not a number: not ours to judge
+            return not_judged(f"record's {field!r} is not a number: {str(record[field])[:80]!r}")
         if (bad := self.screen(record, completion)) is not None:
             return bad
         raw = extract_final_number(self.without_inputs(record, completion), self.params.get("pick", "first"))
@@ -141,7 +141,8 @@ class ExactVerifier(Verifier):
         if mode == "regex":
             pattern = self.params.get("pattern") or record.get(self.params.get("pattern_field", "pattern"))
             if not pattern:
-                return None
+                return not_judged(f"no regex: neither params.pattern nor record "
+                                  f"{self.params.get('pattern_field', 'pattern')!r}")
             if (bad := self.screen(record, completion)) is not None:
                 return bad
             completion = self.without_inputs(record, completion)
@@ -153,7 +154,7 @@ class ExactVerifier(Verifier):
             return Verdict(float(hit is not None), {"mode": mode})
         field = self.params.get("answer_field", "answer")
         if field not in record or record[field] is None:
-            return None
+            return not_judged(f"record has no {field!r} (exact answer_field) to compare with")
         golds = record[field] if isinstance(record[field], list) else [record[field]]
         if (bad := self.screen(record, completion)) is not None:
             return bad

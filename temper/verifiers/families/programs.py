@@ -29,7 +29,7 @@ from pydantic import PositiveFloat, PositiveInt
 
 from infra.sandbox import Session, shared_pool
 from infra.sandbox.pool import QueueTimeout
-from temper.verifiers.base import Verdict, Verifier
+from temper.verifiers.base import Verdict, Verifier, not_judged
 from temper.verifiers.pooled import PooledVerifier
 from temper.verifiers.registry import register
 
@@ -79,8 +79,10 @@ class CodeTestsVerifier(PooledVerifier):
     input_fields = ("prompt",)
 
     def _job(self, record: dict[str, Any], completion: str):
-        if not all(record.get(k) for k in ("prompt", "test", "entry_point")):
-            return None
+        missing = [k for k in ("prompt", "test", "entry_point") if not record.get(k)]
+        if missing:
+            return not_judged(f"record has no {', '.join(map(repr, missing))} (code_tests needs prompt, test, "
+                              "entry_point)")
 
         pool = shared_pool(self.sandbox_profile)
         token = secrets.token_hex(16)
@@ -92,9 +94,10 @@ class CodeTestsVerifier(PooledVerifier):
         return pool, token, ["python3", "-I", HARNESS_FILE, str(record["entry_point"]), partial], kwargs
 
     def _verdict(self, result, token: str) -> Verdict | None:
-        if result.verdict == "error" and SERVER_KILLED not in result.stderr:
+        if result.verdict in ("error", "not_started") and SERVER_KILLED not in result.stderr:
             log.warning("code_tests: sandbox failed: %s", result.stderr[-300:])
-            return None  # the sandbox's fault, not the completion's: not judged
+            # the sandbox's fault, not the completion's: not judged
+            return not_judged(f"sandbox failed: {result.stderr.strip()[-200:]}")
         details = {"verdict": result.verdict, "exit_code": result.exit_code, "wall_s": result.wall_s,
                    "stderr": result.stderr[-500:]}
         tally = _tally(result.stdout, token) if result.verdict == "ok" and result.exit_code == 0 else None
@@ -139,7 +142,7 @@ class TerminalVerifier(Verifier):
         mode = self.params.get("mode", "check")
         needed = ("setup", "reference") if mode == "output" else ("setup", "check")
         if record.get(needed[1]) in (None, "") or record.get("setup") is None:
-            return None
+            return not_judged(f"record has no {needed[0]!r} and {needed[1]!r} (terminal, mode {mode})")
         if (bad := self.screen(record, completion)) is not None:
             return bad
 
@@ -149,11 +152,12 @@ class TerminalVerifier(Verifier):
             box = pool.acquire(timeout=float(self.params.get("queue_timeout_s", 4 * limits.wall_s)))
         except QueueTimeout as e:
             log.warning("terminal: %s", e)
-            return None
+            return not_judged(f"sandbox overloaded: {e}")
         try:
             session = Session(box, limits)
-            if not session.run(record["setup"]).ok:
-                return None  # the task is broken, not the completion
+            setup = session.run(record["setup"])
+            if not setup.ok:  # the task is broken, not the completion
+                return not_judged(f"the record's setup failed ({setup.verdict}, exit {setup.exit_code})")
             if mode == "output":
                 return self._compare_outputs(session, record["reference"], completion)
             commands = session.run(completion)
@@ -169,7 +173,7 @@ class TerminalVerifier(Verifier):
         after_setup = session.snapshot()
         ref = session.run(reference)
         if not ref.ok or not ref.stdout.strip():
-            return None  # a reference that fails or prints nothing cannot tell a right answer from doing nothing
+            return not_judged(f"the record's reference {'printed nothing' if ref.ok else 'failed'}")  # a reference that fails or prints nothing cannot tell a right answer from doing nothing
         session.restore(after_setup)
         got = session.run(completion)
         ordered = bool(self.params.get("ordered", False))

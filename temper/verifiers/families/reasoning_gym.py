@@ -37,7 +37,7 @@ from pydantic import PositiveFloat, PositiveInt
 
 from infra.sandbox import shared_pool
 from infra.sandbox.api import PROFILES, Limits, Profile, ro_mount
-from temper.verifiers.base import Verdict
+from temper.verifiers.base import Verdict, not_judged
 from temper.verifiers.pooled import PooledVerifier
 from temper.verifiers.registry import register
 
@@ -125,12 +125,12 @@ class ReasoningGymVerifier(PooledVerifier):
         try:
             entry = json.loads(record["entry"]) if isinstance(record.get("entry"), str) else record.get("entry")
         except ValueError:
-            return None, None
+            return not_judged("record's 'entry' is not JSON"), None
         if not isinstance(entry, dict) or not isinstance(entry.get("metadata"), dict):
-            return None, None
+            return not_judged("record has no 'entry' object with 'metadata'"), None
         task = record.get("task") or entry["metadata"].get("source_dataset")
         if not task:
-            return None, None
+            return not_judged("record names no task ('task' or entry.metadata.source_dataset)"), None
         answer = extract(completion or "")
         limit = self.answer_limit(record, entry)
         if answer is None or answer == "" or len(answer) > limit:
@@ -160,9 +160,9 @@ class ReasoningGymVerifier(PooledVerifier):
     @staticmethod
     def _verdict(result, context: tuple[str, str]) -> Verdict | None:
         token, task = context
-        if result.verdict == "error":
+        if result.verdict in ("error", "not_started"):
             log.warning("reasoning_gym: sandbox failed: %s", result.stderr[-300:])
-            return None
+            return not_judged(f"sandbox failed: {result.stderr.strip()[-200:]}")
         details = {"task": task, "verdict": result.verdict, "wall_s": result.wall_s}
         for line in reversed(result.stdout.splitlines()):
             if line.startswith(token + " "):

@@ -10,7 +10,7 @@ from typing import Any, Literal
 from pydantic import NonNegativeFloat
 
 from temper.data.formats.bfcl import ast_checker, decode_python_calls
-from temper.verifiers.base import Verdict, Verifier
+from temper.verifiers.base import Verdict, Verifier, not_judged
 from temper.verifiers.families.matching import normalize, parse_number
 from temper.verifiers.registry import register
 
@@ -93,13 +93,13 @@ class JSONExtractionVerifier(Verifier):
     def score(self, record: dict[str, Any], completion: str) -> Verdict | None:
         field = self.params.get("expected_field", "expected")
         if record.get(field) is None:
-            return None
+            return not_judged(f"record has no {field!r} (json_extraction expected_field)")
         try:
             expected = json.loads(record[field]) if isinstance(record[field], str) else record[field]
-        except ValueError:
-            return None  # the record's gold is broken, not the completion
+        except ValueError:  # the record's gold is broken, not the completion
+            return not_judged(f"record's {field!r} is not JSON")
         if not isinstance(expected, dict) or not expected:
-            return None
+            return not_judged(f"record's {field!r} is not a non-empty JSON object")
         fields = self.params.get("fields") or sorted(expected)
         kinds = {f: "number" for f in self.params.get("numeric_fields", [])}
         kinds.update({f: "date" for f in self.params.get("date_fields", [])})
@@ -191,8 +191,9 @@ class ToolCallVerifier(Verifier):
         """BFCL's own AST checker (``category`` param: simple_python, multiple, parallel, parallel_multiple)."""
         try:
             truth, functions = json.loads(record["ground_truth"]), json.loads(record["functions"])
-        except (KeyError, TypeError, ValueError):
-            return None
+        except (KeyError, TypeError, ValueError) as e:
+            return not_judged(f"record's 'ground_truth'/'functions' unusable for the BFCL checker "
+                              f"({type(e).__name__}: {e})")
         if (bad := self.screen(record, completion)) is not None:
             return bad
         text = self.without_inputs(record, completion)
@@ -216,13 +217,13 @@ class ToolCallVerifier(Verifier):
 
     def _score_temper(self, record: dict[str, Any], completion: str) -> Verdict | None:
         if record.get("ground_truth") is None:
-            return None
+            return not_judged("record has no 'ground_truth' (tool_call)")
         try:
             truth = json.loads(record["ground_truth"]) if isinstance(record["ground_truth"], str) else record["ground_truth"]
             fns = record.get("functions") or []
             functions = json.loads(fns) if isinstance(fns, str) else fns
         except ValueError:
-            return None
+            return not_judged("record's 'ground_truth' or 'functions' is not JSON")
         truth = [truth] if isinstance(truth, dict) else truth
         required = {f.get("name"): list((f.get("parameters") or {}).get("required", [])) for f in functions
                     if isinstance(f, dict)}
