@@ -106,7 +106,8 @@ def test_verify_reference_passes_every_record_of_a_multi_step_dataset(tmp_path, 
                        text=True, env=env, timeout=300)
     rows = [json.loads(x) for x in p.stdout.splitlines()]
     assert p.returncode == 0, p.stderr
-    assert rows[-1]["summary"] == {"records": 40, "judged": 40, "not_judged": 0, "mean_reward": 1.0, "pass_rate": 1.0}, \
+    assert rows[-1]["summary"] == {"records": 40, "judged": 40, "not_judged": 0, "not_judged_reasons": {},
+                                    "mean_reward": 1.0, "pass_rate": 1.0}, \
         [r for r in rows[:-1] if r["reward"] != 1.0][:3]
     first, second = (json.loads(x) for x in small.read_text().splitlines()[:2])
     broken = tmp_path / "broken.jsonl"  # a reference that is not a list of turns: one line naming the record
