@@ -59,12 +59,7 @@ def test_read_commands_outside_a_checkout_name_the_missing_registry_and_create_n
     monkeypatch.chdir(tmp_path)
     for var in ("TEMPER_HOME", "TEMPER_TRACKING_URI", "MLFLOW_TRACKING_URI"):
         monkeypatch.delenv(var, raising=False)
-    get_settings.cache_clear()
-    try:
-        assert main(argv) == 1
-    finally:
-        get_settings.cache_clear()
-    err = capsys.readouterr().err.strip()
+    err = _fails_in_one_call(main, get_settings, argv, capsys)
     assert f"no temper registry at {tmp_path}/.temper/mlflow.db" in err and len(err.splitlines()) == 1
     assert list(tmp_path.iterdir()) == []
 
@@ -193,12 +188,7 @@ def test_a_tracking_uri_mlflow_has_no_store_for_is_one_line(tmp_path, monkeypatc
 
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("TEMPER_TRACKING_URI", uri)
-    get_settings.cache_clear()
-    try:
-        assert main(argv) == 1
-    finally:
-        get_settings.cache_clear()
-    err = capsys.readouterr().err.strip()
+    err = _fails_in_one_call(main, get_settings, argv, capsys)
     assert f"tracking URI {uri!r} (TEMPER_TRACKING_URI): MLflow has no store for scheme {uri.split(':')[0]!r}" in err
     assert len(err.splitlines()) == 1, err
 
@@ -258,3 +248,13 @@ def test_demo_says_up_front_that_sandboxed_domains_need_bubblewrap(monkeypatch, 
         demo.check_sandbox(chosen)
     monkeypatch.setattr("infra.sandbox.bwrap.bwrap_available", lambda: True)
     demo.check_sandbox(chosen)
+
+
+def _fails_in_one_call(main, get_settings, argv, capsys) -> str:
+    """Run the CLI with fresh settings (read from the environment the test set), require exit 1, return stderr."""
+    get_settings.cache_clear()
+    try:
+        assert main(argv) == 1
+    finally:
+        get_settings.cache_clear()
+    return capsys.readouterr().err.strip()
