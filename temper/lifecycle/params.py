@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from temper.core.config_files import load_config
 from temper.core.errors import TemperError
@@ -27,7 +27,7 @@ from temper.training.config import (
     check_grpo_batch,
     check_mixing_names,
 )
-from temper.training.device import Precision, resolve_world_size
+from temper.training.device import Precision
 
 __all__ = ["EvalSettings", "EvaluateParams", "GRPOSettings", "PostTrainingParams", "RetrainParams", "SFTSettings",
            "SFTStage", "ValidateParams", "load_params"]
@@ -72,8 +72,6 @@ class PostTrainingParams(BaseModel):
                                   description=WORLD_SIZE_HELP + " More than 1 trains under DeepSpeed ZeRO-3.")
     precision: Precision = Field(default="auto", description=PRECISION_HELP)
     seed: int = Field(default=0, description="Seed of sampling, data order and initialisation.")
-
-    _resolve_world_size = field_validator("world_size")(lambda cls, v: resolve_world_size(v))
 
     @model_validator(mode="after")
     def _check(self) -> "PostTrainingParams":

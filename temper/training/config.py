@@ -19,7 +19,7 @@ import fnmatch
 from pathlib import Path
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
 
 from temper.core.config_files import parse_config, read_yaml
 from temper.core.errors import TrainingError  # noqa: F401 (re-exported: where training code imports it from)
@@ -32,8 +32,8 @@ MixingWeights = dict[str, Annotated[float, Field(gt=0)]]
 # where GRPO samples its rollouts (GRPOSettings.generation)
 Generation = Literal["trainer", "engine", "vllm"]
 
-# ranks of a run: a number, or 'auto' (resolved when the config is read: one per visible GPU, else CPU_WORLD_SIZE)
-WorldSize = Annotated[int, Field(ge=1)] | Literal["auto"]
+# ranks of a run: a number, or 'auto', resolved when a config or the form is validated (resolve_world_size)
+WorldSize = Annotated[Annotated[int, Field(ge=1)] | Literal["auto"], AfterValidator(resolve_world_size)]
 WORLD_SIZE_HELP = (f"Training processes (ranks). 'auto': one per GPU this machine sees, {CPU_WORLD_SIZE} on a machine "
                    "without GPUs. On a GPU machine more ranks than GPUs are refused before anything starts.")
 PRECISION_HELP = ("Training precision. 'auto': bf16 on GPUs that have it (DeepSpeed's bf16 block, the Trainer's bf16 "
@@ -215,8 +215,6 @@ class TrainConfig(BaseModel):
     mlflow_experiment: str = Field(default="temper-train", description="MLflow experiment for metrics (when tracking is set).")
     tracking: bool = Field(default=True, description="Log rank-0 metrics to MLflow (the configured server, else the embedded sqlite).")
     log_shards: bool = Field(default=True, description="Write each rank's parameter-partition sizes to shards-rank<k>.json.")
-
-    _resolve_world_size = field_validator("world_size")(lambda cls, v: resolve_world_size(v))
 
     @model_validator(mode="after")
     def _check(self) -> "TrainConfig":

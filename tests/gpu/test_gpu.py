@@ -36,7 +36,7 @@ def test_a_rank_on_a_gpu_machine_is_placed_on_its_gpu_with_nccl_and_bf16(monkeyp
         rank_placement("auto")
 
 
-def test_engine_on_the_gpu_gives_generates_greedy_tokens_in_fp32_and_decodes_from_cuda_graphs(tiny_model):
+def test_engine_on_the_gpu_gives_generates_own_greedy_tokens_in_fp32_and_decodes_from_cuda_graphs(tiny_model):
     from transformers import GenerationConfig
 
     from temper.rollout.config import EngineConfig, LaneConfig
