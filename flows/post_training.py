@@ -25,7 +25,7 @@ from prefect.runtime import flow_run
 
 from infra import lineage
 from tasks.data import calibration_gate, resolve_domains, validate_domain
-from tasks.evaluation import evaluate
+from tasks.evaluation import compare_to_base, evaluate
 from tasks.registry import champion, close_lifecycle, fail_lifecycle, gate, open_lifecycle, register
 from tasks.training import prepare_base_model, train_stage
 from temper.core.errors import ContractViolation
@@ -42,6 +42,12 @@ def _context(before: list[dict], after: list[dict]) -> dict[str, tuple[str, str]
     """Long-context domain -> (base, candidate) effective context length, for the report."""
     base = {r["domain"]: r["effective_context"] for r in before if "effective_context" in r}
     return {r["domain"]: (base.get(r["domain"], "n/a"), r["effective_context"]) for r in after if "effective_context" in r}
+
+
+def _format_rates(before: list[dict], after: list[dict]) -> dict[str, tuple[float, float]]:
+    """domain -> (base, candidate) share of items scored 0 for answer format (no <answer> tag, ...)."""
+    base = {r["domain"]: r.get("format_zero_rate", 0.0) for r in before}
+    return {r["domain"]: (base.get(r["domain"], 0.0), r.get("format_zero_rate", 0.0)) for r in after}
 
 
 def _means(results: list[dict]) -> dict[str, float]:
@@ -85,7 +91,9 @@ def post_training(params: PostTrainingParams = PostTrainingParams(), continues: 
     # The one choice of where jobs run (temper.lifecycle.execution): launcher, file locations, sandboxes.
     params = params.resolved()
     logger.info("backend: %s", params.backend)
-    refs, gated_weights, uncalibrated = calibration_gate(resolve_domains(params.domains), params.mixing_weights)
+    held_names = {r.name for r in resolve_domains(params.held_out)} if params.held_out else set()
+    refs, gated_weights, uncalibrated = calibration_gate(resolve_domains(params.domains + params.held_out),
+                                                         params.mixing_weights)
     for name, reason in uncalibrated.items():
         logger.warning("domain %s %s", name, reason)
     reports = validate_domain.map(refs, unmapped(validation_workers(len(refs)))).result()
@@ -106,7 +114,9 @@ def post_training(params: PostTrainingParams = PostTrainingParams(), continues: 
         close_lifecycle(lifecycle_run_id, "FAILED", markdown)
         raise ContractViolation(f"{len(failed)} domain(s) violate their data contract: {why}")
 
-    trainable, default_suite = split_by_role(domains, {r.name: r.role for r in refs})
+    # the run's held_out domains are eval-only for this run, whatever their catalog role
+    trainable, default_suite = split_by_role(domains, {r.name: "eval" if r.name in held_names else r.role
+                                                      for r in refs})
     held_out = [n for n in domains if n not in trainable]
     if held_out:
         logger.info("eval-only domain(s) %s: validated and evaluated, never trained", ", ".join(held_out))
@@ -128,6 +138,8 @@ def post_training(params: PostTrainingParams = PostTrainingParams(), continues: 
     before = evaluate.submit(base, suite, params.eval, "base", lifecycle_run_id, params.backend)
     after = evaluate.submit(model, suite, params.eval, "candidate", lifecycle_run_id, params.backend)
     before, after = before.result(), after.result()
+    # what training did, per domain, with intervals (paired bootstrap, Holm): the report's table
+    versus_base = compare_to_base(before, after, trainable, params.promotion.significance)
 
     champion_version, champion_means = champion(params.model_name, params.promotion.alias)
     decision = gate(after, params.model_name, champion_version, champion_means, params.promotion)
@@ -137,11 +149,11 @@ def post_training(params: PostTrainingParams = PostTrainingParams(), continues: 
 
     markdown = post_training_markdown(**report, before=_means(before), after=_means(after), champion=champion_means,
                                       champion_version=champion_version, decision=decision.reason,
-                                      registered=registered, context=_context(before, after))
+                                      registered=registered, context=_context(before, after), versus_base=versus_base)
     create_markdown_artifact(markdown=markdown, key=REPORT_KEY, description="post_training result")
-    rows = domain_rows(_means(before), _means(after), champion_means)
+    rows = domain_rows(_means(before), _means(after), champion_means, versus_base, _format_rates(before, after))
     create_table_artifact(table=rows, key="post-training-domains", description="per-domain eval: base, candidate, delta")
-    close_lifecycle(lifecycle_run_id, "FINISHED", markdown, domain_csv(rows))
+    close_lifecycle(lifecycle_run_id, "FINISHED", markdown, domain_csv(rows), versus_base)
     return {"run_key": run_key, "lifecycle_run_id": lifecycle_run_id, "before": _means(before),
             "after": _means(after), "champion_before": champion_version, "gate": decision.model_dump(),
-            "registered": registered, "report": markdown}
+            "registered": registered, "versus_base": versus_base, "report": markdown}

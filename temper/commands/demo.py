@@ -43,7 +43,7 @@ def demo(args: argparse.Namespace) -> int:
               f"{r.domain} " + (f"sha256={r.digest[:12]} {r.uri}" if r.status != "failed" else r.error), flush=True)
 
     catalog = load_catalog(settings.catalog_dir)
-    chosen = select_domains(catalog, params.domains)
+    chosen = select_domains(catalog, params.domains + params.held_out)  # held-out ones are evaluated: made too
     if (params.backend or settings.backend) == "local" and settings.sandbox_backend == "bwrap":
         evaluated = select_domains(catalog, params.eval.domains) if params.eval.domains else []
         check_sandbox({d.name: d for d in chosen + evaluated}.values())

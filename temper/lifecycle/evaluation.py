@@ -48,6 +48,7 @@ def recorded_evals(parent_run_id: str, label: str, domains: list[str],
             m, tags = run.data.metrics, run.data.tags
             out.append({"domain": domain, "mean_reward": m["mean_reward"], "pass_rate": m["pass_rate"],
                         "n": int(run.data.params["n"]), "scored": int(m["scored"]), "run_id": run.info.run_id,
+                        "format_zero_rate": m.get("format_zero_rate", 0.0),
                         "long_context": tags.get(CONTEXT_TAG) == "true"}
                        | ({"effective_context": tags[EFFECTIVE_TAG]} if EFFECTIVE_TAG in tags else {}))
     return out
@@ -79,7 +80,10 @@ def _log_eval(run_id: str, result: dict[str, Any]) -> None:
         mlflow.log_params({"model": result["model"], "dataset_uri": result["dataset_uri"], "n": result["n"]})
         mlflow.log_metrics({"mean_reward": result["mean_reward"], "pass_rate": result["pass_rate"],
                             "scored": result["scored"], "wall_s": result["wall_s"],
-                            "too_long": result.get("too_long", 0)} | prompt_reuse(result))
+                            "too_long": result.get("too_long", 0), "format_zero_rate": format_zero_rate(result)}
+                           | prompt_reuse(result))
+        if result.get("zero_reasons"):
+            mlflow.log_dict(result["zero_reasons"], f"eval/{result['domain']}-zero-reasons.json")
         tokens = result.get("context_lengths") or None
         episodes = [{"turns": n, "outcome": o} for n, o in zip(result.get("turns", []), result.get("outcomes", []))]
         log_eval_samples(result["domain"], list(zip(result["ids"], result["rewards"])), tokens, episodes or None)
@@ -108,6 +112,12 @@ def record_episodes(domain: str, lines: list[dict[str, Any]]) -> None:
     mlflow.log_text("".join(json.dumps(t, default=str) + "\n" for t in lines), f"eval/{domain}-trajectories.jsonl")
     for i, t in enumerate(lines[:SAMPLED_TRAJECTORIES]):
         mlflow.log_text(trajectories.markdown(t), f"trajectories/{domain}/{trajectories.artifact_name(t, i)}")
+
+
+def format_zero_rate(result: dict[str, Any]) -> float:
+    """Share of a domain's eval items scored 0 for their form before their content was judged (the verifier's
+    reason: no <answer> tag, an empty or oversized answer): how much of a score is answer format, not the task."""
+    return sum((result.get("zero_reasons") or {}).values()) / result["n"] if result.get("n") else 0.0
 
 
 def prompt_reuse(result: dict[str, Any]) -> dict[str, float]:
@@ -139,7 +149,8 @@ def record_effective_context(domain: str, curve: list[tuple[int, float | None]])
 def summary(result: dict[str, Any]) -> dict[str, Any]:
     """What travels on: the numbers the gate and the registry tags need (not the samples)."""
     out = {k: result[k] for k in ("domain", "mean_reward", "pass_rate", "n", "scored")} | {
-        "run_id": result.get("run_id"), "long_context": bool(result.get("context_lengths"))}
+        "run_id": result.get("run_id"), "long_context": bool(result.get("context_lengths")),
+        "format_zero_rate": format_zero_rate(result)}
     if out["long_context"]:
         out["effective_context"] = effective_context(list(zip(result["context_lengths"], result["rewards"]))).describe()
     return out

@@ -59,6 +59,9 @@ class PostTrainingParams(BaseModel):
     domains: list[str] = Field(default_factory=lambda: ["arithmetic", "multiplication"],
                                description="Domains of the run (names or globs over the catalog): trained, except eval-only "
                                "ones (role 'eval'), which are validated and evaluated only.")
+    held_out: list[str] = Field(default_factory=list,
+                                description="Domains (names or globs) validated and evaluated but never trained, "
+                                "to measure transfer; a domain matched here and in `domains` is held out.")
     mixing_weights: MixingWeights = Field(default_factory=dict,
                                           description="Override of catalog sampling ratios, domain -> weight > 0.")
     sft: SFTStage = Field(default_factory=SFTStage)

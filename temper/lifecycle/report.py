@@ -35,22 +35,50 @@ def validation_markdown(reports: list[DomainReport]) -> str:
     return "\n".join(lines)
 
 
-def domain_rows(before: dict[str, float], after: dict[str, float], champion: dict[str, float] | None) -> list[dict]:
-    """One row per evaluated domain: base, candidate, delta (candidate - base), champion."""
+def domain_rows(before: dict[str, float], after: dict[str, float], champion: dict[str, float] | None,
+                versus_base: dict | None = None, format_rates: dict[str, tuple[float, float]] | None = None) -> list[dict]:
+    """One row per evaluated domain: base, candidate, delta (candidate - base), champion; with ``versus_base``
+    (``compare_to_base``) the delta's paired interval and Holm verdict, and whether the domain was trained; with
+    ``format_rates`` the share of items scored 0 for their answer format, base and candidate."""
+    deltas = (versus_base or {}).get("domains", {})
     rows = []
     for d in sorted(after):
         b, c = before.get(d), (champion or {}).get(d)
-        rows.append({"domain": d, "base": b, "candidate": after[d],
-                     "delta": None if b is None else after[d] - b, "champion": c})
+        row = {"domain": d, "base": b, "candidate": after[d], "delta": None if b is None else after[d] - b,
+               "champion": c}
+        if versus_base is not None:
+            x = deltas.get(d, {})
+            row |= {"lo": x.get("lo"), "hi": x.get("hi"), "verdict": x.get("verdict", "-"),
+                    "trained": d in versus_base.get("trained", [])}
+        if format_rates is not None:
+            row |= {"base_format_zero": format_rates.get(d, (None, None))[0],
+                    "candidate_format_zero": format_rates.get(d, (None, None))[1]}
+        rows.append(row)
     return rows
 
 
 def domain_csv(rows: list[dict]) -> str:
     out = io.StringIO()
-    writer = csv.DictWriter(out, fieldnames=["domain", "base", "candidate", "delta", "champion"])
+    fields = list(dict.fromkeys(k for r in rows for k in r)) or ["domain", "base", "candidate", "delta", "champion"]
+    writer = csv.DictWriter(out, fieldnames=fields)
     writer.writeheader()
     writer.writerows(rows)
     return out.getvalue()
+
+
+def versus_base_markdown(versus_base: dict) -> str:
+    """The run against its base: mean delta over trained and held-out domains with intervals, verdict counts."""
+    lines = ["| domains | n | base | candidate | delta | 95% interval | better | unchanged | worse |",
+             "|---|---:|---:|---:|---:|---|---:|---:|---:|"]
+    for group in ("trained", "held_out"):
+        m, n = versus_base["means"].get(group), versus_base["counts"][group]
+        if m is None:
+            continue
+        lines.append(f"| {group.replace('_', '-')} | {m['domains']} | {m['base']:.3f} | {m['candidate']:.3f} | "
+                     f"{m['delta']:+.3f} | [{m['lo']:+.3f}, {m['hi']:+.3f}] | {n['better']} | {n['unchanged']} | "
+                     f"{n['worse']} |")
+    return "\n".join(lines + ["", "better / worse: the domain's paired bootstrap delta is significant after Holm "
+                               "over the domains (one test per direction)."])
 
 
 def before_after_markdown(before: dict[str, float], after: dict[str, float], champion: dict[str, float] | None) -> str:
@@ -93,7 +121,7 @@ def post_training_markdown(*, flow_run: str, domains: list[str], validation: str
                            after: dict[str, float], champion: dict[str, float] | None, champion_version: str | None,
                            decision: str, registered: dict | None, lifecycle_link: str,
                            stopped: str | None = None, failed: str | None = None,
-                           context: dict[str, tuple[str, str]] | None = None) -> str:
+                           context: dict[str, tuple[str, str]] | None = None, versus_base: dict | None = None) -> str:
     """The post-training report: the same text goes to Prefect and to MLflow.
 
     ``stopped``: a data contract stopped the run before training; ``failed``: a stage failed
@@ -111,6 +139,8 @@ def post_training_markdown(*, flow_run: str, domains: list[str], validation: str
     if stopped:
         lines += ["## Stopped before training", "", stopped, "", "No training ran and no model version was registered."]
         return "\n".join(lines)
+    if versus_base:
+        lines += ["## Candidate vs base", "", versus_base_markdown(versus_base), ""]
     lines += ["## Mean reward per domain (greedy, eval split)", "", before_after_markdown(before, after, champion), "",
               f"Champion before this run: {f'version {champion_version}' if champion_version else 'none'}", ""]
     if context:

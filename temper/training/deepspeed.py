@@ -78,14 +78,16 @@ def torch_extensions_dir() -> str:
     return os.environ.get("TORCH_EXTENSIONS_DIR") or str(Path.home() / ".cache" / "temper" / "torch_extensions")
 
 
-def launch_env() -> dict[str, str]:
-    """Environment the launcher gives every local rank, libraries quiet: on a machine without GPUs one OpenMP
-    thread per rank (2 ranks on 2 cores); on a GPU machine each rank sets its own threads (``configure_rank``)."""
+def launch_env(ranks: int = 2) -> dict[str, str]:
+    """Environment the launcher gives every local rank, libraries quiet: on a machine without GPUs the cores shared
+    out among the ``ranks`` (2 ranks on 2 cores: one OpenMP thread each; one rank: both, or a single-process run of a
+    real model would leave a core idle); on a GPU machine each rank sets its own threads (``configure_rank``)."""
     gpus = visible_gpus()
+    threads = max(1, (os.cpu_count() or 1) // max(1, ranks))
     return {
         **quiet_env(),
         "DS_ACCELERATOR": "cuda" if gpus else "cpu",  # also the launcher's: DeepSpeed then does not probe and warn
-        **({} if gpus else {"OMP_NUM_THREADS": "1"}),
+        **({} if gpus else {"OMP_NUM_THREADS": str(threads)}),
         "TORCH_EXTENSIONS_DIR": torch_extensions_dir(),
         "PYTHONUNBUFFERED": "1",
         "TOKENIZERS_PARALLELISM": "false",

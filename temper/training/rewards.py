@@ -17,6 +17,7 @@ from typing import Any
 
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
+from temper.core.chat import chat_prompt
 from temper.data.domain import Domain
 from temper.verifiers.registry import get_verifier
 
@@ -149,7 +150,7 @@ def greedy_mean_reward(model_dir: str, domains: list[Domain], frames: dict[str, 
         rewards: list[float] = []
         for i in range(0, len(rows), batch_size):
             chunk = rows[i:i + batch_size]
-            enc = tok([d.render_prompt(r) for r in chunk], return_tensors="pt", padding=True)
+            enc = tok([chat_prompt(tok, d.render_prompt(r)) for r in chunk], return_tensors="pt", padding=True)
             with torch.no_grad():
                 out = model.generate(**enc, max_new_tokens=max_new_tokens, do_sample=False,
                                      pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id)

@@ -22,6 +22,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from transformers.trainer_callback import PrinterCallback
 
 from infra.storage import get_fs
+from temper.core.chat import chat_prompt
 from temper.core.settings import Settings, get_settings
 from temper.data.catalog import load_catalog, refuse_eval_only, select_domains
 from temper.data.domain import Domain
@@ -33,7 +34,7 @@ from temper.training.deepspeed import write_launch_configs
 from temper.training.device import Placement, configure_rank, rank_placement
 from temper.training.disk import disk_full_is_named, folder_bytes
 from temper.training.mixing import DomainMixSampler
-from temper.training.multiturn import rollout_for
+from temper.training.multiturn import is_multiturn, rollout_for
 from temper.training.rewards import DomainRewards
 from temper.training.throughput import RolloutTimer
 
@@ -104,13 +105,16 @@ def new_sampler(cfg: TrainConfig, domains: list[Domain], frames: dict[str, Any])
                             seed=cfg.seed)
 
 
-def row_renderer(cfg: TrainConfig, domains: list[Domain], frames: dict[str, Any]):
-    """(domain, record index) -> the trainer's row: prompt, domain, and the record (GRPO) or reference (SFT)."""
+def row_renderer(cfg: TrainConfig, domains: list[Domain], frames: dict[str, Any], tokenizer: Any = None):
+    """(domain, record index) -> the trainer's row: prompt, domain, and the record (GRPO) or reference (SFT).
+
+    With a ``tokenizer`` the prompt is in its chat template (``chat_prompt``), as the eval job formats it."""
     by_name = {d.name: d for d in domains}
 
     def render(name: str, idx: int) -> dict[str, str]:
         record = {k: (v.item() if hasattr(v, "item") else v) for k, v in frames[name].iloc[idx].to_dict().items()}
-        row = {"prompt": by_name[name].render_prompt(record), "domain": name}
+        prompt = by_name[name].render_prompt(record)
+        row = {"prompt": chat_prompt(tokenizer, prompt) if tokenizer is not None else prompt, "domain": name}
         if cfg.mode == "sft":
             row["completion"] = str(record["reference"])
         else:
@@ -120,13 +124,22 @@ def row_renderer(cfg: TrainConfig, domains: list[Domain], frames: dict[str, Any]
     return render
 
 
+def episode_rows(cfg: TrainConfig, domains: list[Domain], frames: dict[str, Any], tokenizer: Any = None) -> list[dict]:
+    """Every train row a multi-step domain could put in the stream, rendered as the stream renders it: what the
+    rollout looks a prompt's task up in. Not the stream itself: with the curriculum on, reading it would draw
+    batches whose weights depend on rewards not yet seen."""
+    render = row_renderer(cfg, domains, frames, tokenizer)
+    return [render(d.name, i) for d in domains if is_multiturn(d) for i in range(len(frames[d.name]))]
+
+
 def stream_slots(cfg: TrainConfig) -> int:
     return (cfg.stage.max_steps + 1) * cfg.prompts_per_step
 
 
-def build_stream(cfg: TrainConfig, domains: list[Domain], frames: dict[str, Any]) -> list[dict[str, str]]:
+def build_stream(cfg: TrainConfig, domains: list[Domain], frames: dict[str, Any],
+                 tokenizer: Any = None) -> list[dict[str, str]]:
     """The fixed stream, materialised up front (no curriculum)."""
-    render = row_renderer(cfg, domains, frames)
+    render = row_renderer(cfg, domains, frames, tokenizer)
     return [render(name, idx) for name, idx in new_sampler(cfg, domains, frames).take(stream_slots(cfg))]
 
 
@@ -235,9 +248,9 @@ def train(cfg: TrainConfig, settings: Settings | None = None) -> dict[str, Any]:
     tokenizer.padding_side = "left"
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
     if stream is None:
-        train_ds = datasets.Dataset.from_list(build_stream(cfg, domains, frames))
+        train_ds = datasets.Dataset.from_list(build_stream(cfg, domains, frames, tokenizer))
     else:  # decided online, batch by batch, from the curriculum's weights
-        train_ds = lazy_dataset(stream, stream_slots(cfg), row_renderer(cfg, domains, frames))
+        train_ds = lazy_dataset(stream, stream_slots(cfg), row_renderer(cfg, domains, frames, tokenizer))
     if resume_from is not None and saved["step"] >= cfg.stage.max_steps:
         # The stage's last checkpoint (the job died between it and the export). transformers' Trainer trains
         # one more step from a final checkpoint when its epoch has rows left (the stream holds max_steps + 1
@@ -258,7 +271,9 @@ def train(cfg: TrainConfig, settings: Settings | None = None) -> dict[str, Any]:
 
         rewards = DomainRewards(domains)
         trainer = GRPOTrainer(model=model, args=args, train_dataset=train_ds, reward_funcs=[rewards],
-                              processing_class=tokenizer, rollout_func=rollout_for(domains, train_ds, cfg.grpo.generation))
+                              processing_class=tokenizer,
+                              rollout_func=rollout_for(domains, episode_rows(cfg, domains, frames, tokenizer),
+                                                       cfg.grpo.generation))
         rollouts = RolloutTimer()
         rollouts.wrap(trainer)
 

@@ -223,6 +223,18 @@ def test_disk_full_at_a_checkpoint_names_folder_and_bytes_and_the_previous_check
     assert sorted(losses(out)) == [3, 4]  # it continued after step 2 (steps 1-2 were logged on the lost tmpfs)
 
 
+def test_grpo_curriculum_with_engine_rollouts_on_one_rank(workspace):
+    """The engine's rollout used to read the whole train dataset when it was built, to index the prompts of
+    multi-step domains; with the curriculum on that dataset decides each batch from rewards not yet seen,
+    so the run failed before its first step ("batch 2 needs the rewards of step 1")."""
+    cfg = write_config(workspace, "cur_engine", mode="grpo", base_model=str(workspace / "tiny"), max_steps=3,
+                       world_size=1, per_device_batch_size=8, num_generations=4, max_completion_length=4,
+                       learning_rate=1e-3, beta=0.0, generation="engine", curriculum={"enabled": True})
+    status, lines = launch(cfg, "grpo")
+    assert status == 0, "\n".join(lines[-30:])
+    assert any("grpo finished after 3 steps" in line for line in lines), lines[-10:]
+
+
 def test_grpo_curriculum_resumes_with_the_same_online_stream_weights_and_losses(workspace):
     """With the curriculum on, each step's prompts are decided from rewards gathered over both ranks
     during the run; a run killed after its step-3 checkpoint must replay those decisions and go on

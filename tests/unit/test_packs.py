@@ -239,3 +239,20 @@ def test_a_pack_whose_package_is_missing_makes_only_its_own_domains_unavailable(
         select_domains(catalog, ["rg-leg_counting-easy"])
     with pytest.raises(CatalogError, match=r"\(and \d+ more\): reasoning-gym is not installed"):
         select_domains(catalog, ["arithmetic", "rg-*"])
+
+
+def test_the_real_model_run_is_a_params_file_and_the_same_deployment():
+    """configs/params/smollm2-multidomain.yaml and the post-training-smollm2 deployment say the same thing: at
+    least 64 trained and 8 held-out reasoning-gym domains of the catalog, disjoint, on the named SmolLM2 base."""
+    from flows.deployments import read_entries
+    from temper.data.catalog import load_catalog, select_domains
+    from temper.lifecycle.params import PostTrainingParams, load_params
+
+    from_file = load_params(str(REPO / "configs/params/smollm2-multidomain.yaml"))
+    (entry,) = [e for e in read_entries() if e.name == "post-training-smollm2"]
+    assert PostTrainingParams.model_validate(entry.parameters["params"]) == from_file
+    catalog = load_catalog(REPO / "domains")
+    trained = {d.name for d in select_domains(catalog, from_file.domains)}
+    held = {d.name for d in select_domains(catalog, from_file.held_out)}
+    assert len(trained) >= 64 and len(held) >= 8 and not trained & held
+    assert from_file.base_model == "smollm2" and from_file.eval.limit >= 32
