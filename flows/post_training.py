@@ -98,7 +98,8 @@ def post_training(params: PostTrainingParams = PostTrainingParams(), continues: 
         logger.warning("domain %s %s", name, reason)
     reports = validate_domain.map(refs, unmapped(validation_workers(len(refs)))).result()
     domains = [r.domain for r in reports]
-    lifecycle_run_id = open_lifecycle(params, run_key, reports)
+    eval_only = frozenset(r.name for r in refs if r.role == "eval" or r.name in held_names)
+    lifecycle_run_id = open_lifecycle(params, run_key, reports, eval_only)
     validation = validation_markdown(reports) + "".join(
         f"\n\nJudge domain {n} {why}" for n, why in uncalibrated.items())
     report = dict(flow_run=run_key, domains=domains, validation=validation,

