@@ -56,6 +56,10 @@ class Api(Protocol):
     def list_workloads(self, namespace: str, job: k.V1Job) -> list[dict]: ...
 
 
+def _one_line(e: Exception) -> str:
+    return " ".join(str(e).split())[:200]
+
+
 @dataclass
 class Outcome:
     state: str  # "running" | "succeeded" | "failed"
@@ -390,6 +394,33 @@ class KubernetesLauncher:
         previous attempt left running; one that already failed (kept for its logs) is skipped, and
         the next name is a fresh attempt that resumes from the newest checkpoint in the store.
         """
+        try:
+            return self._run(spec, on_log, shards, cancel)
+        finally:  # succeeded, failed, cancelled or killed: its pods are gone, so are the sandboxes they made
+            self.reap_sandboxes(spec.name, on_log)
+
+    def reap_sandboxes(self, job: str, on_log: LogFn = print) -> int:
+        """Delete the sandbox pods a job's pods made and left (``OWNER_LABEL``): a pod that exits normally deletes
+        its own (``close_shared``), one that fails or is killed cannot. Best effort, said in the log: a pod this
+        misses still ends at its activeDeadlineSeconds. Returns how many were deleted."""
+        ns = self.opts.sandbox_ns
+        try:
+            left = self.api.list_pods(ns, f"{m.OWNER_LABEL}={job}")
+        except (ApiException, KubernetesError) as e:
+            on_log(f"cannot list the sandbox pods job {job} left in {ns} ({_one_line(e)}); they end at their deadline")
+            return 0
+        deleted = 0
+        for pod in left:
+            try:
+                self.api.delete("Pod", ns, pod.metadata.name)
+                deleted += 1
+            except (ApiException, KubernetesError) as e:
+                on_log(f"sandbox pod {ns}/{pod.metadata.name}: delete failed ({_one_line(e)}); it ends at its deadline")
+        if deleted:
+            on_log(f"deleted {deleted} sandbox pod(s) job {job} left in {ns}")
+        return deleted
+
+    def _run(self, spec: JobSpec, on_log: LogFn, shards: int, cancel: threading.Event | None) -> str:
         limits = f"memory={spec.resources.memory}" if spec.kind != "sandbox" else f"memory={self.opts.sandbox_memory}"
         budget = spec.retries + 1 if spec.kind == "train" else 1  # eval shards retry via backoffLimit
         n, tried = 0, 0

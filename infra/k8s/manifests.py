@@ -25,6 +25,10 @@ PART_OF = {"app.kubernetes.io/part-of": "temper", "app.kubernetes.io/managed-by"
 JOB_LABEL = "temper.dev/job"
 KIND_LABEL = "temper.dev/kind"
 ROLE_LABEL = "temper.dev/role"
+#: on a sandbox pod: the job whose pod made it; the launcher deletes what a job left when the job ends
+OWNER_LABEL = "temper.dev/owner"
+#: in a job's pods: the owner label value their sandbox pods carry (``KubernetesBackend.owner``)
+OWNER_ENV = "TEMPER_SANDBOX_OWNER"
 SANDBOX_ROLE = "sandbox"
 QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
 COMPLETION_INDEX = "metadata.annotations['batch.kubernetes.io/job-completion-index']"
@@ -117,7 +121,7 @@ def rendezvous_command(spec: JobSpec, opts: KubernetesOptions) -> list[str]:
 
 def _workload_container(spec: JobSpec, opts: KubernetesOptions, extra_env: dict[str, str]) -> k.V1Container:
     env = {"HOME": "/tmp", "TORCH_EXTENSIONS_DIR": "/tmp/torch_extensions", "HF_HOME": "/tmp/hf",
-           "TEMPER_BACKEND": "kubernetes", **opts.env, **spec.env, **extra_env}
+           "TEMPER_BACKEND": "kubernetes", **opts.env, **spec.env, **extra_env, OWNER_ENV: spec.name}
     env_vars = _env(env)
     if spec.distributed:
         env_vars += [
@@ -305,11 +309,14 @@ def sandbox_job(spec: JobSpec, opts: KubernetesOptions) -> k.V1Job:
     )
 
 
-def sandbox_pod(name: str, opts: KubernetesOptions, deadline_s: int, image: str | None = None) -> k.V1Pod:
-    """A long-lived sandbox (idle PID 1; programs arrive by exec), killed at its deadline."""
+def sandbox_pod(name: str, opts: KubernetesOptions, deadline_s: int, image: str | None = None,
+                owner: str | None = None) -> k.V1Pod:
+    """A long-lived sandbox (idle PID 1; programs arrive by exec), killed at its deadline; ``owner``: the job whose pod
+    makes it (``OWNER_LABEL``), so that whatever the job leaves behind is deleted when the job ends."""
+    labels = {**sandbox_labels(name), **({OWNER_LABEL: owner} if owner else {})}
     return k.V1Pod(
         api_version="v1", kind="Pod",
-        metadata=k.V1ObjectMeta(name=name, namespace=opts.sandbox_ns, labels=sandbox_labels(name)),
+        metadata=k.V1ObjectMeta(name=name, namespace=opts.sandbox_ns, labels=labels),
         spec=sandbox_pod_spec(name, ["sleep", str(int(deadline_s))], opts, deadline_s, image=image),
     )
 

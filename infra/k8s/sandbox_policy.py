@@ -92,6 +92,10 @@ def admission_binding(opts: KubernetesOptions) -> k.V1ValidatingAdmissionPolicyB
     )
 
 
+REAPER_ROLE = "temper-sandbox-reaper"
+FLOW_RUNNER_ACCOUNT = "temper-flow-runner"  # k8s/base/serviceaccounts.yaml: the flow-run pods, the launcher's identity
+
+
 def sandbox_objects(opts: KubernetesOptions) -> list[Any]:
     """Namespace, NetworkPolicy, Role + RoleBinding for the workloads, ResourceQuota, admission policy + binding."""
     ns, meta = opts.sandbox_ns, dict(m.PART_OF)
@@ -110,6 +114,15 @@ def sandbox_objects(opts: KubernetesOptions) -> list[Any]:
                         subjects=[k.RbacV1Subject(kind="ServiceAccount", name=opts.service_account,
                                                   namespace=opts.namespace)],
                         role_ref=k.V1RoleRef(api_group="rbac.authorization.k8s.io", kind="Role", name=role)),
+        # the launcher (in the flow-run pods) deletes the sandbox pods a job left (KubernetesLauncher.reap_sandboxes)
+        k.V1Role(api_version="rbac.authorization.k8s.io/v1", kind="Role",
+                 metadata=k.V1ObjectMeta(name=REAPER_ROLE, namespace=ns, labels=meta),
+                 rules=[k.V1PolicyRule(api_groups=[""], resources=["pods"], verbs=["get", "list", "delete"])]),
+        k.V1RoleBinding(api_version="rbac.authorization.k8s.io/v1", kind="RoleBinding",
+                        metadata=k.V1ObjectMeta(name=REAPER_ROLE, namespace=ns, labels=meta),
+                        subjects=[k.RbacV1Subject(kind="ServiceAccount", name=FLOW_RUNNER_ACCOUNT,
+                                                  namespace=opts.namespace)],
+                        role_ref=k.V1RoleRef(api_group="rbac.authorization.k8s.io", kind="Role", name=REAPER_ROLE)),
         k.V1ResourceQuota(api_version="v1", kind="ResourceQuota",
                           metadata=k.V1ObjectMeta(name="temper-sandbox", namespace=ns, labels=meta),
                           spec=k.V1ResourceQuotaSpec(hard={"pods": "32", "limits.cpu": "32", "limits.memory": "64Gi"})),

@@ -183,10 +183,11 @@ class KubernetesBackend:
     clock: Callable[[], float] = time.monotonic
     sleep: Callable[[float], None] = time.sleep
     name: str = "kubernetes"
+    owner: str | None = None  # the job this process runs in (its pods' TEMPER_SANDBOX_OWNER): labels every box
 
     def create_box(self, profile: Profile) -> "KubernetesBox":
         pod_name = f"sandbox-{uuid.uuid4().hex[:12]}"
-        pod = m.sandbox_pod(pod_name, self.opts, self.opts.sandbox_lifetime_s, image=self.image)
+        pod = m.sandbox_pod(pod_name, self.opts, self.opts.sandbox_lifetime_s, image=self.image, owner=self.owner)
         ns = self.opts.sandbox_ns
         try:
             self.api.create(pod)

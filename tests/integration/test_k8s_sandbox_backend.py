@@ -137,6 +137,32 @@ def test_box_is_a_restricted_pod_that_waits_until_running(pod_fs):
     assert api.deleted == [("Pod", box.id)] and not box.healthy()
 
 
+def test_a_box_made_in_a_jobs_pod_carries_the_jobs_name(pod_fs, monkeypatch):
+    """The launcher deletes the boxes a job left by this label (test_k8s_standin_jobs: no sandbox pod outlives
+    its job); the job's pods say their job in TEMPER_SANDBOX_OWNER, which the pool's backend reads."""
+    from infra.k8s import api as cluster_api
+    from infra.sandbox import pool
+    from temper.core.settings import get_settings
+
+    api = FakeClusterApi([RUNNING])
+    backend, _, _ = _backend(api, pod_fs, owner="eval-pt-1234")
+    box = backend.create_box(PY)
+    labels = api.pods[box.id].metadata.labels
+    assert labels[m.OWNER_LABEL] == "eval-pt-1234" and labels[m.ROLE_LABEL] == m.SANDBOX_ROLE
+    box.close()
+    assert m.OWNER_LABEL not in m.sandbox_pod("sandbox-y", OPTS, 600).metadata.labels  # made outside any job
+
+    monkeypatch.setenv(m.OWNER_ENV, "eval-pt-1234")
+    monkeypatch.setenv("TEMPER_SANDBOX_BACKEND", "kubernetes")
+    monkeypatch.setattr(cluster_api, "load_config", lambda context=None: None)
+    get_settings.cache_clear()
+    try:
+        made = pool._make_backend()
+    finally:
+        get_settings.cache_clear()
+    assert isinstance(made, KubernetesBackend) and made.owner == "eval-pt-1234"
+
+
 def test_image_pull_failure_deletes_the_pod(pod_fs):
     api = FakeClusterApi([CREATING, PULL_FAILED])
     backend, _, _ = _backend(api, pod_fs)

@@ -202,3 +202,40 @@ def test_pods_the_job_controller_cannot_create_fail_the_launcher_at_once(k8s_clu
     assert "ResourceQuota temper/pod-count: allows pods=1 in total, but job 'one-pod' needs 2" in line
     assert _objects(k8s_cluster) == {}  # the Job, its one pod (by cascade) and the Service
     assert k8s_cluster.processes() == 0
+
+
+@pytest.mark.parametrize("end", ["exits", "fails", "killed"])
+def test_no_sandbox_pod_outlives_the_job_that_made_it(k8s_cluster, end):
+    """Sandbox pods carry their job's name (``OWNER_LABEL``, from the job pods' TEMPER_SANDBOX_OWNER); however the
+    job ends, the launcher deletes those it left, and only those. A killed eval pod used to leave its sandbox pods
+    running until their deadline (an hour): nothing in the pod could delete them."""
+    import threading
+
+    opts = OPTS.model_copy(update={"sandbox_namespace": "temper-sandbox"})
+    k8s_cluster.create_namespace(NS)
+    k8s_cluster.create_namespace(opts.sandbox_ns)
+    api = ClusterApi(k8s_cluster.api_client)
+    job = f"owner-{end}"
+    # what the job's pod would have made through KubernetesBackend (its owner label), and another job's box
+    for name, owner in ((f"sandbox-{end}-0", job), (f"sandbox-{end}-1", job), (f"sandbox-{end}-x", "another-job")):
+        api.create(m.sandbox_pod(name, opts, 600, owner=owner))
+    script = {"exits": "exit 0", "fails": "exit 3", "killed": "sleep 60"}[end]
+    run = spec(job, kind="train", nodes=1, distributed=False, retries=0, command=["sh", "-c", script])
+    env = {e.name: e.value for e in m.objects_for(run, opts)[-1].spec.template.spec.containers[0].env}
+    assert env[m.OWNER_ENV] == job  # what the pool's backend labels its boxes with
+    if end == "killed":
+        def kill_when_running():
+            k8s_cluster.wait_for("the job's pod running", lambda: any(p.status.phase == "Running"
+                                                                      for p in pods_of(k8s_cluster, job)))
+            k8s_cluster.kill(NS, pods_of(k8s_cluster, job)[0].metadata.name)
+        threading.Thread(target=kill_when_running, daemon=True).start()
+    lines: list[str] = []
+    run_it = lambda: KubernetesLauncher(api, opts).run(run, lines.append)  # noqa: E731
+    if end == "exits":
+        run_it()
+    else:
+        with pytest.raises(JobFailed):
+            run_it()
+    left = {p.metadata.name for p in api.list_pods(opts.sandbox_ns, f"{m.ROLE_LABEL}={m.SANDBOX_ROLE}")}
+    assert left == {f"sandbox-{end}-x"}, left
+    assert f"deleted 2 sandbox pod(s) job {job} left in {opts.sandbox_ns}" in lines, lines[-5:]

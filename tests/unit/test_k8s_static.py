@@ -241,6 +241,8 @@ ROLE_GRANTS = {
     # training/eval pods, in the sandbox namespace only: infra/sandbox/kubernetes.py KubernetesBackend
     "temper-sandbox-creator": {("", "pods", v) for v in ("create", "get", "delete")}
     | {("", "pods/exec", "create"), ("", "pods/exec", "get")},
+    # flow-run pods, in the sandbox namespace: infra/k8s/launcher.py reap_sandboxes (what a finished job left)
+    "temper-sandbox-reaper": {("", "pods", v) for v in ("get", "list", "delete")},
 }
 
 
@@ -262,10 +264,12 @@ def test_roles_grant_exactly_their_list_and_nothing_cluster_wide(name):
         assert rb["roleRef"] == {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": rb["metadata"]["name"]}
         for subject in rb["subjects"]:
             assert subject["kind"] == "ServiceAccount" and subject["name"] in service_accounts
-            # the sandbox namespace's binding names the workloads' account in temper, nothing else crosses
+            # the sandbox namespace's bindings name accounts in temper: the workloads' (to make boxes) and the
+            # flow runner's (to delete what a finished job left); nothing else crosses
+            crossing = {("temper-sandbox-creator", "temper-workload"), ("temper-sandbox-reaper", "temper-flow-runner")}
             assert subject["namespace"] == rb["metadata"]["namespace"] or (
-                rb["metadata"]["namespace"] == "temper-sandbox" and subject == {
-                    "kind": "ServiceAccount", "name": "temper-workload", "namespace": "temper"})
+                rb["metadata"]["namespace"] == "temper-sandbox" and subject["namespace"] == "temper"
+                and (rb["metadata"]["name"], subject["name"]) in crossing)
 
 
 @pytest.mark.parametrize("name", KUSTOMIZATIONS)
