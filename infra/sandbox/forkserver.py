@@ -37,6 +37,7 @@ import threading
 import time
 from collections.abc import Mapping
 
+from infra.sandbox import proctree
 from infra.sandbox.api import Limits, Result
 from infra.sandbox.process import collect, finish
 
@@ -270,27 +271,41 @@ class ForkServer:
         finally:
             os.close(out_r)
             os.close(err_r)
-        status = None
-        if reason is None:
-            try:
-                self.ctl.setblocking(False)
-                status = self.ctl.recv(256).split()
-            except OSError:
-                status = None
-            finally:
-                self.ctl.setblocking(True)
-        if not status:  # timeout, output cap, or the server died (a run killed it): end the sandbox
+        if reason is not None:
+            # timeout or output cap: end the run's processes below the server, which reaps its child and reports
+            # the usage it got from wait4 (killing the whole sandbox at once reported 0 CPU for a 2 s busy loop)
+            server = proctree.find(self.proc.pid, lambda argv: argv[:4] == ["python3", "-I", "-c", SERVER])
+            if server is not None:
+                proctree.end_subtree(server)
+        status = self._status(wait_s=1.0 if reason is not None else 0.0)
+        if reason is not None:  # the run is not trusted to have left the sandbox reusable: end it either way
+            self.close()
+            used = (float(status[1]) + float(status[2]), float(status[3])) if status else (0.0, 0.0)
+            return finish(out, err, total, reason, limits, time.monotonic() - start, None, signal.SIGKILL, *used)
+        if not status:  # the server died (a run killed it): end the sandbox
             self.close()  # SIGKILL to the sandbox's whole tree, as for a cold run
-            if reason is None:
-                reason = "error"
-                err += b"\nsandbox: the fork server ended during the run\n"
-            return finish(out, err, total, reason, limits, time.monotonic() - start, None, signal.SIGKILL, 0.0, 0.0)
+            err += b"\nsandbox: the fork server ended during the run\n"
+            return finish(out, err, total, "error", limits, time.monotonic() - start, None, signal.SIGKILL, 0.0, 0.0)
         wait_status, utime, stime, rss_kb = int(status[0]), float(status[1]), float(status[2]), float(status[3])
         if status[4] != b"1":  # the server could not reclaim the sandbox and is exiting
             self.close()
         code = os.WEXITSTATUS(wait_status) if os.WIFEXITED(wait_status) else None
         sig = os.WTERMSIG(wait_status) if os.WIFSIGNALED(wait_status) else None
         return finish(out, err, total, None, limits, time.monotonic() - start, code, sig, utime + stime, rss_kb)
+
+    def _status(self, wait_s: float) -> list[bytes] | None:
+        """The server's report of the run (wait status, utime, stime, max RSS in KB, reclaimed), waiting at most
+        ``wait_s`` for it; None when there is none (the server died, or did not report in time)."""
+        try:
+            if wait_s > 0:
+                self.ctl.settimeout(wait_s)
+            else:
+                self.ctl.setblocking(False)
+            return self.ctl.recv(256).split() or None
+        except OSError:
+            return None
+        finally:
+            self.ctl.setblocking(True)
 
     def close(self) -> None:
         """Kill the sandbox's process group and reap it; idempotent."""

@@ -65,3 +65,18 @@ def test_sysv_ipc_left_behind_restarts_the_sandbox(one_box):
     assert leak.stdout == "True\n"
     assert one_box.exec(code="print(open('/proc/sysvipc/shm').read().count(chr(10)))").stdout == "1\n"
     assert server_pid(one_box) != pid
+
+
+def test_a_timed_out_warm_run_reports_the_cpu_it_burnt(one_box):
+    """Issue 29.6 on the warm path: the host killed the whole sandbox at the deadline, so the run's usage was lost
+    and a busy loop reported 0 s of CPU; the run is now ended below the server, which reports its wait4 usage."""
+    from infra.sandbox import Limits
+
+    server_pid(one_box)  # the server is up: the run's clock does not include its start
+    loop = ("import time\nmark = 0.0\nwhile True:\n    if time.process_time() - mark >= 0.1:\n"
+            "        mark = time.process_time()\n        print(mark, flush=True)\n")
+    r = one_box.exec(code=loop, limits=Limits(wall_s=1.5, cpu_s=10, memory_mb=512))
+    seen = float(r.stdout.split()[-1])  # the CPU the program itself saw, last said before the deadline
+    assert r.verdict == "timeout" and seen <= r.cpu_s <= seen + 0.5 and r.max_rss_mb > 1, (seen, r)
+    after = one_box.exec(code="print('next')")
+    assert after.stdout == "next\n"  # a fresh sandbox serves the next run
