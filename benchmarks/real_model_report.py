@@ -57,7 +57,8 @@ def _stage_costs(client, lifecycle) -> tuple[list[str], dict]:
         per_step = [b - a for a, b in zip([0.0, *tokens], tokens)] if name == "grpo" else []
         rate = _history(client, run.info.run_id, "tokens_per_s")
         wall = (run.info.end_time or run.info.start_time) - run.info.start_time
-        facts[name] = {"wall_ms": wall, "steps": len(steps), "median_step_s": statistics.median(steps) if steps else None}
+        facts[name] = {"wall_ms": wall, "steps": len(steps),
+                       "median_step_s": statistics.median(steps) if steps else None}
         detail = f"{len(steps)} steps, median step {statistics.median(steps):.1f} s" if steps else ""
         if per_step and steps:
             tps = [t / s for t, s in zip(per_step, steps) if s > 0]

@@ -36,7 +36,8 @@ def validation_markdown(reports: list[DomainReport]) -> str:
 
 
 def domain_rows(before: dict[str, float], after: dict[str, float], champion: dict[str, float] | None,
-                versus_base: dict | None = None, format_rates: dict[str, tuple[float, float]] | None = None) -> list[dict]:
+                versus_base: dict | None = None,
+                format_rates: dict[str, tuple[float, float]] | None = None) -> list[dict]:
     """One row per evaluated domain: base, candidate, delta (candidate - base), champion; with ``versus_base``
     (``compare_to_base``) the delta's paired interval and Holm verdict, and whether the domain was trained; with
     ``format_rates`` the share of items scored 0 for their answer format, base and candidate."""

@@ -38,4 +38,5 @@ def training_job(config_path: str, mode: str, max_steps: int | None = None) -> J
         acc = str(acc_path)
     name = re.sub(r"[^a-z0-9-]", "-", f"{mode}-{cfg.run_name}")[:52].strip("-")
     return JobSpec(name=name, kind="train", command=command, env=launch_env(cfg.world_size),
-                   procs_per_node=cfg.world_size, distributed=cfg.deepspeed, accelerate_config=acc, timeout_s=cfg.stage.timeout_s)
+                   procs_per_node=cfg.world_size, distributed=cfg.deepspeed, accelerate_config=acc,
+                   timeout_s=cfg.stage.timeout_s)
