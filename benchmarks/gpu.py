@@ -173,11 +173,13 @@ def probe_rows(root: Path, steps: int):
     from temper.core.settings import get_settings
     from temper.training.config import load_config
     from temper.training.run import build_stream, load_domains
+    from transformers import AutoTokenizer
 
     probe = load_config(write_config(root, "probe", max_steps=steps, **GRPO, base_model=str(root / "model")))
     domains, frames, _, _ = load_domains(probe, get_settings())
     rows_path = root / "rows.jsonl"
-    rows_path.write_text("".join(json.dumps(r) + "\n" for r in build_stream(probe, domains, frames)))
+    tokenizer = AutoTokenizer.from_pretrained(root / "model")  # the rows as temper's run formats them
+    rows_path.write_text("".join(json.dumps(r) + "\n" for r in build_stream(probe, domains, frames, tokenizer)))
     return probe, rows_path
 
 
@@ -220,7 +222,7 @@ def bare_run(root: Path, probe, kwargs: dict, rows_path: Path, steps: int) -> di
     out.mkdir(parents=True, exist_ok=True)
     args_path = out / "grpo_args.json"
     args_path.write_text(json.dumps({**kwargs, "output_dir": str(out)}))
-    spec = JobSpec(name="bare", kind="train", env=launch_env(), timeout_s=900,
+    spec = JobSpec(name="bare", kind="train", env=launch_env(1), timeout_s=900,
                    command=[sys.executable, str(REPO / "benchmarks" / "bare_trl_grpo.py"), "--model", str(root / "model"),
                             "--rows", str(rows_path), "--args", str(args_path), "--metrics", str(out / "metrics.jsonl")])
     return summarize(launch("bare", spec, out / "metrics.jsonl", steps, 1, "bare_trl_grpo.py").rows)

@@ -203,7 +203,7 @@ def bare_run(root: Path, name: str, cfg, rows_path: Path, steps: int, warmup: in
     out.mkdir(parents=True)
     args_path = out / "grpo_args.json"
     args_path.write_text(json.dumps(bare_args(cfg, str(out))))
-    spec = JobSpec(name=name.replace("_", "-"), kind="train", env=launch_env(), timeout_s=3600,
+    spec = JobSpec(name=name.replace("_", "-"), kind="train", env=launch_env(1), timeout_s=3600,
                    command=[sys.executable, str(REPO / "benchmarks" / "bare_trl_grpo.py"), "--model",
                             str(root / "tiny"), "--rows", str(rows_path), "--args", str(args_path),
                             "--metrics", str(out / "metrics.jsonl")])
@@ -274,6 +274,7 @@ def main() -> None:
     from temper.training.config import load_config
     from temper.training.run import build_stream, load_domains
     from temper.training.tiny import init_tiny
+    from transformers import AutoTokenizer
 
     get_settings.cache_clear()
     catalog = load_catalog(REPO / "domains")
@@ -286,7 +287,8 @@ def main() -> None:
                                      per_device_batch_size=GLOBAL_BATCH))
     domains, frames, _, _ = load_domains(probe, get_settings())
     rows_path = root / "rows.jsonl"
-    rows_path.write_text("".join(json.dumps(r) + "\n" for r in build_stream(probe, domains, frames)))
+    tokenizer = AutoTokenizer.from_pretrained(root / "tiny")  # the rows as temper's run formats them (chat template)
+    rows_path.write_text("".join(json.dumps(r) + "\n" for r in build_stream(probe, domains, frames, tokenizer)))
     n_fields = check_same_args(probe, bare_args(probe, str(root / "probe")))
     reward_ms = reward_cost(domains, rows_path)
 

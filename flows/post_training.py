@@ -124,6 +124,7 @@ def post_training(params: PostTrainingParams = PostTrainingParams(), continues: 
     if uncalibrated or held_out:  # train exactly the trainable domains that passed the calibration gate
         params = params.model_copy(update={"domains": trainable, "mixing_weights": {
             n: w for n, w in params.mixing_weights.items() if n in trainable}})
+        gated_weights = {n: w for n, w in gated_weights.items() if n in trainable}  # a held-out judge domain's
     base = prepare_base_model(params.base_model)
     model = base
     # training refuses a dataset whose bytes are not the ones its contract passed (changed since validation)
@@ -135,7 +136,9 @@ def post_training(params: PostTrainingParams = PostTrainingParams(), continues: 
                         validated_digests=validated)
 
     # default suite: every validated domain that has held-out data (eval-only ones included)
-    suite = [r.name for r in resolve_domains(params.eval.domains)] if params.eval.domains else default_suite
+    suite = default_suite
+    if params.eval.domains:  # a chosen suite, and the held-out domains, which are there to be evaluated
+        suite = sorted({r.name for r in resolve_domains(params.eval.domains)} | (held_names & set(domains)))
     before = evaluate.submit(base, suite, params.eval, "base", lifecycle_run_id, params.backend)
     after = evaluate.submit(model, suite, params.eval, "candidate", lifecycle_run_id, params.backend)
     before, after = before.result(), after.result()

@@ -7,6 +7,7 @@ and resumes from them instead of starting over; a stage that finished is not run
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
 from prefect import get_run_logger, task
@@ -32,8 +33,12 @@ def prepare_base_model(base_model: str) -> str:
         return base_model
 
     out = (get_settings().home / "models" / base_model).resolve()
-    if not (out / "config.json").exists():
-        NAMED_BASES[base_model](out)
+    if not (out / "config.json").exists():  # made beside it, then renamed: a killed import leaves no half folder
+        partial = out.with_name(f"{out.name}.partial")
+        shutil.rmtree(partial, ignore_errors=True)
+        NAMED_BASES[base_model](partial)
+        shutil.rmtree(out, ignore_errors=True)
+        partial.rename(out)
     return str(out)
 
 

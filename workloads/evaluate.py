@@ -71,8 +71,8 @@ class EvalResult:
     # cache (usage.prompt_tokens_details.cached_tokens); records that share a document reuse its KV
     prompt_tokens: int = 0
     cached_prompt_tokens: int = 0
-    # why completions scored 0 without being judged on their content, as the verifier says (details["reason"]),
-    # counted: e.g. {"no <answer> tag": 12}, how much of a domain's score is answer format rather than the task
+    # completions scored 0 for their form before their content was judged (a verifier marks them details["format"]),
+    # counted by its reason: e.g. {"no <answer> tag": 12}, how much of a score is answer format rather than the task
     zero_reasons: dict[str, int] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
@@ -193,11 +193,12 @@ def evaluate_domains(model_dir: str, domain_names: list[str], catalog_dir: str |
     """Yield one EvalResult per domain, in order, loading the catalog and the model once."""
     domains = select_domains(load_catalog(catalog_dir or get_settings().catalog_dir), domain_names)
     produce = make_generator(model_dir, generator) if domains else None
-    # lazy: transformers (800 ms) only for the runs of `-m workloads.evaluate` that need it
-    from transformers import AutoTokenizer
-
-    tokenizer = AutoTokenizer.from_pretrained(model_dir) if domains else None
     try:
+        # lazy: transformers (800 ms) only for the runs of `-m workloads.evaluate` that need it
+        from transformers import AutoTokenizer
+
+        # prompts as training formats them: in the model's chat template (temper.core.chat)
+        tokenizer = AutoTokenizer.from_pretrained(model_dir) if domains else None
         for domain in domains:
             yield _evaluate(produce, model_dir, domain, limit, max_new_tokens, keep_samples, tokenizer)
     finally:
@@ -243,6 +244,8 @@ def _play(produce, domain, verifier, records: list[dict], prompts: list[str]) ->
 
 def _evaluate(produce, model_dir: str, domain, limit: int, max_new_tokens: int, keep_samples: int,
               tokenizer=None) -> EvalResult:
+    """One domain's eval. ``tokenizer``: the model's, whose chat template the prompts go in (``evaluate_domains``
+    always passes it); None only for a scripted policy that reads the rendered prompt itself (tests)."""
     ds = load_dataset(domain, get_settings())
     frame = ds.frame[ds.frame[domain.split.column] == domain.split.eval].head(limit)
     records = frame.to_dict(orient="records")
@@ -261,8 +264,8 @@ def _evaluate(produce, model_dir: str, domain, limit: int, max_new_tokens: int, 
         completions = produce(prompts, max_new_tokens) if records else []
         verdicts = asyncio.run(_score_all(verifier, records, completions))
         rewards = [None if v is None else float(v.reward) for v in verdicts]
-        zero_reasons.update(v.details["reason"] for v in verdicts
-                            if v is not None and v.reward == 0.0 and isinstance(v.details.get("reason"), str))
+        zero_reasons.update(str(v.details.get("reason", "format")) for v in verdicts
+                            if v is not None and v.reward == 0.0 and v.details.get("format"))
     scored = [r for r in rewards if r is not None]
     counts = {name: n - before[name] for name, n in _counts(produce).items()}  # this domain's generations
     return EvalResult(

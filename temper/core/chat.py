@@ -4,7 +4,8 @@ An instruct model was tuned on its chat format; fed a bare question it continues
 of answering (SmolLM2-135M-Instruct). So every place that turns a domain's rendered prompt into
 tokens (SFT rows, GRPO rows, the eval job) goes through ``chat_prompt``, and the same model sees
 the same text in training and in eval. A tokenizer without a chat template gets the text as it is.
-Multi-step domains already speak in message lists (``temper.agent``), which the template formats.
+A multi-step domain's first turn is formatted the same way; its later observations follow as plain
+blocks (``temper.training.multiturn.observation_block``), the same in training and in eval.
 """
 
 from __future__ import annotations

@@ -55,7 +55,8 @@ class PostTrainingParams(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     model_name: str = Field(default="temper-demo", description="Registered model name in MLflow.")
-    base_model: str = Field(default="tiny", description="HF folder, fsspec URI, or 'tiny' (made by `temper model init-tiny`).")
+    base_model: str = Field(default="tiny", description="HF folder, fsspec URI, or a named base made once: 'tiny' (a "
+                            "tiny random model) or 'smollm2' (SmolLM2-135M-Instruct, after `make realistic`).")
     domains: list[str] = Field(default_factory=lambda: ["arithmetic", "multiplication"],
                                description="Domains of the run (names or globs over the catalog): trained, except eval-only "
                                "ones (role 'eval'), which are validated and evaluated only.")

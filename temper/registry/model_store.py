@@ -95,10 +95,12 @@ def log_hf_model(model_dir: str | Path, *, example_prompt: str = DEFAULT_EXAMPLE
     components = {"model": AutoModelForCausalLM.from_pretrained(model_dir, dtype="auto"),
                   "tokenizer": AutoTokenizer.from_pretrained(model_dir)}
     inference = {"max_new_tokens": max_new_tokens, "do_sample": False, "return_full_text": False}
-    # prompts reach the model as they did in training and eval: in its chat template (temper.core.chat), which
-    # the stored example shows and the metadata names, for a caller of the pyfunc (it takes text as given)
-    example_prompt = chat_prompt(components["tokenizer"], example_prompt)
-    prompt_format = PROMPT_FORMAT if components["tokenizer"].chat_template else "plain text"
+    # a request reaches the model as prompts did in training and eval: inside its chat template (temper.core.chat),
+    # which the served pipeline applies itself (MLflow's prompt_template), so callers send the bare question
+    template = chat_prompt(components["tokenizer"], "{prompt}")
+    if template.count("{") != 1 or template.count("}") != 1:  # only the placeholder: MLflow formats the text
+        template = "{prompt}"
+    prompt_format = PROMPT_FORMAT if template != "{prompt}" else "plain text"
     signature = infer_signature([example_prompt], ["completion"],
                                 params={"max_new_tokens": max_new_tokens, "do_sample": False, "temperature": 1.0})
     info = mlflow.transformers.log_model(
@@ -106,6 +108,7 @@ def log_hf_model(model_dir: str | Path, *, example_prompt: str = DEFAULT_EXAMPLE
         input_example=([example_prompt], {"max_new_tokens": max_new_tokens}), model_config=inference,
         model_card=_card(model_dir, f"{description}\n\nPrompt format: {prompt_format}."), params=params,
         metadata={"temper_prompt_format": prompt_format},
+        prompt_template=None if template == "{prompt}" else template,
         # the default requirement inference imports torchvision, which is not installed
         pip_requirements=[f"{p}=={dist_version(p)}" for p in REQUIREMENTS])
     for m in evals:

@@ -78,12 +78,12 @@ def torch_extensions_dir() -> str:
     return os.environ.get("TORCH_EXTENSIONS_DIR") or str(Path.home() / ".cache" / "temper" / "torch_extensions")
 
 
-def launch_env(ranks: int = 2) -> dict[str, str]:
+def launch_env(ranks: int) -> dict[str, str]:
     """Environment the launcher gives every local rank, libraries quiet: on a machine without GPUs the cores shared
     out among the ``ranks`` (2 ranks on 2 cores: one OpenMP thread each; one rank: both, or a single-process run of a
     real model would leave a core idle); on a GPU machine each rank sets its own threads (``configure_rank``)."""
     gpus = visible_gpus()
-    threads = max(1, (os.cpu_count() or 1) // max(1, ranks))
+    threads = max(1, len(os.sched_getaffinity(0)) // max(1, ranks))  # the cores this process may use, not the host's
     return {
         **quiet_env(),
         "DS_ACCELERATOR": "cuda" if gpus else "cpu",  # also the launcher's: DeepSpeed then does not probe and warn

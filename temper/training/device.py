@@ -117,7 +117,8 @@ def rank_placement(precision: Precision) -> Placement:
 def configure_rank(placement: Placement) -> None:
     """Set up this process for ``placement`` before DeepSpeed or accelerate look at it: DeepSpeed's accelerator
     (read once, at its first use), the current CUDA device, and intra-op threads (a GPU rank tokenizes, pads and
-    scores on the CPU: one core is too few; a CPU rank keeps the launcher's OMP_NUM_THREADS=1)."""
+    scores on the CPU: one core is too few; a CPU rank keeps the launcher's OMP_NUM_THREADS, its share of the
+    cores: ``launch_env``)."""
     os.environ["DS_ACCELERATOR"] = placement.ds_accelerator
     if not placement.cuda:
         return

@@ -134,6 +134,10 @@ def test_eval_loader_reads_both_layouts(registry, layout):
 
 
 def test_mlflow_models_serve_answers_an_invocation(registry, tmp_path):
+    from transformers import AutoTokenizer
+
+    from temper.core.chat import chat_prompt
+
     port = free_port()
     log = tmp_path / "serve.log"
     env = {**os.environ, "MLFLOW_TRACKING_URI": registry["tracking_uri"],
@@ -147,7 +151,9 @@ def test_mlflow_models_serve_answers_an_invocation(registry, tmp_path):
                           json={"inputs": ["3 + 4 = "], "params": {"max_new_tokens": 5}})
         assert r.status_code == 200, r.text
         predictions = r.json()["predictions"]
-        assert predictions == [_greedy(registry["model_dir"], "3 + 4 = ", 5)], (predictions, log.read_text()[-2000:])
+        # the served pyfunc applies the model's chat template (prompt_template), as eval formats prompts
+        templated = chat_prompt(AutoTokenizer.from_pretrained(registry["model_dir"]), "3 + 4 = ")
+        assert predictions == [_greedy(registry["model_dir"], templated, 5)], (predictions, log.read_text()[-2000:])
     finally:
         os.killpg(proc.pid, 15)
         proc.wait(20)

@@ -37,3 +37,19 @@ def test_the_mean_over_domains_weighs_domains_equally_and_its_interval_covers_it
     assert abs(m.delta - 0.75) < 1e-9  # (1.0 + 0.5) / 2, not pooled items' 45/50
     assert m.lo <= m.delta <= m.hi and m.lo > 0.5 and m.hi <= 1.0
     assert mean_delta(base, cand, []) is None
+
+
+def test_a_uniform_shift_is_judged_by_the_sign_test_not_taken_as_certain():
+    """Every item moved by the same 0.01 (a format credit): the bootstrap has no spread and would call it certain;
+    4 such items are not evidence (p = 0.125), 32 are."""
+    few = domain_deltas({"d": samples([0.0] * 4)}, {"d": samples([0.01] * 4)})
+    many = domain_deltas({"d": samples([0.0] * 32)}, {"d": samples([0.01] * 32)})
+    assert few["d"].verdict == "unchanged" and many["d"].verdict == "better"
+
+
+def test_one_unscored_item_keeps_the_comparison_paired():
+    base = {"d": samples([0.0, 1.0] * 16)}
+    cand = {"d": samples([None] + [1.0, 1.0] * 15 + [1.0])}  # item 0 unscored on the candidate's side
+    x = domain_deltas(base, cand)["d"]
+    assert abs(x.delta - 15 / 31) < 1e-9 and abs(x.base - 16 / 31) < 1e-9  # the 31 items both sides scored
+    assert x.verdict == "better" and x.lo > 0

@@ -100,12 +100,13 @@ def test_history_says_the_gate_once():
 
 
 def test_readme_load_and_serve_examples_prompt_as_the_model_was_trained(catalog):
-    """The README's load_model(...)(PROMPT) and curl inputs: the arithmetic domain's own rendered prompt."""
+    """The README's pyfunc predict([PROMPT]) and curl inputs: the arithmetic domain's own rendered prompt (the served
+    model adds its chat template itself)."""
     import ast
     import re
 
     readme = (REPO / "README.md").read_text()
-    loaded = re.search(r"load_model\('models:/temper-demo@champion'\)\(('[^']*')\)", readme).group(1)
+    loaded = re.search(r"pyfunc.load_model\('models:/temper-demo@champion'\).predict\(\[('[^']*')\]\)", readme).group(1)
     served = re.search(r'"inputs": \[("[^"]*")\]', readme).group(1)
     trained = catalog["arithmetic"].render_prompt({"question": "3 + 4"})
     assert ast.literal_eval(loaded) == trained and json.loads(served) == trained

@@ -144,7 +144,7 @@ def test_local_ranks_share_out_the_cores_on_a_machine_without_gpus(monkeypatch):
     from temper.training import deepspeed as ds
 
     monkeypatch.setattr(ds, "visible_gpus", lambda: 0)
-    monkeypatch.setattr(ds.os, "cpu_count", lambda: 8)
+    monkeypatch.setattr(ds.os, "sched_getaffinity", lambda pid: set(range(8)))
     assert ds.launch_env(1)["OMP_NUM_THREADS"] == "8"
     assert ds.launch_env(2)["OMP_NUM_THREADS"] == "4"
     assert ds.launch_env(16)["OMP_NUM_THREADS"] == "1"

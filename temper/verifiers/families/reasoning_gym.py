@@ -135,7 +135,7 @@ class ReasoningGymVerifier(PooledVerifier):
         limit = self.answer_limit(record, entry)
         if answer is None or answer == "" or len(answer) > limit:
             why = "no <answer> tag" if answer is None else ("empty answer" if answer == "" else f"answer over {limit} chars")
-            return Verdict(0.0, {"task": task, "reason": why}), None
+            return Verdict(0.0, {"task": task, "reason": why, "format": True}), None  # the form, not the task
 
         pool = shared_pool(profile().name)
         token = secrets.token_hex(16)
