@@ -126,6 +126,49 @@ def _without_format_credit(samples: dict[str, list]) -> dict[str, list]:
             for d, items in samples.items()}
 
 
+def _shuffled_answers(home: Path, domains: list[str]) -> dict[str, float]:
+    """Per domain: the mean reward reasoning-gym's own scorer gives each eval item when answered with the oracle
+    answer of *another* item (the next one). A scorer that reads the task gives that about 0; a high mean is a
+    scorer that a well-formed but unrelated answer satisfies."""
+    import reasoning_gym
+
+    out = {}
+    for domain in domains:
+        rows = [json.loads(line) for line in (home / "store/datasets/packs/rg" / f"{domain}.jsonl").open()]
+        rows = [r for r in rows if r["split"] == "eval"][:32]
+        score = reasoning_gym.get_score_answer_fn(rows[0]["task"])
+        other = [rows[(i + 1) % len(rows)]["answer"] for i in range(len(rows))]
+        out[domain] = sum(float(score(a, json.loads(r["entry"]))) for a, r in zip(other, rows)) / len(rows)
+    return out
+
+
+def _constant_answers(client, lifecycle, home: Path) -> dict[str, tuple[str, float]]:
+    """Per domain: the candidate's most common answer among its logged example completions, and the mean reward that
+    one answer, given to every eval item, gets from reasoning-gym's own scorer. A high mean is a scorer a constant
+    answer satisfies: what the policy learnt there is the constant, not the task."""
+    import reasoning_gym
+    from collections import Counter
+
+    from temper.verifiers.families.reasoning_gym import extract
+
+    out = {}
+    for r in _runs(client, "tags.`temper.stage` = 'eval' and tags.`temper.eval.label` = 'candidate'"):
+        if not r.data.tags.get("temper.record", "").startswith(lifecycle.info.run_id):
+            continue
+        domain = r.data.tags["temper.domain"]
+        examples = json.loads(Path(client.download_artifacts(r.info.run_id, f"eval/{domain}-examples.json",
+                                                             str(home / "report"))).read_text())["samples"]
+        answers = Counter(a for a in (extract(e["completion"]) for e in examples) if a)
+        if not answers:
+            continue
+        answer = answers.most_common(1)[0][0]
+        rows = [json.loads(line) for line in (home / "store/datasets/packs/rg" / f"{domain}.jsonl").open()]
+        rows = [r_ for r_ in rows if r_["split"] == "eval"][:32]
+        score = reasoning_gym.get_score_answer_fn(rows[0]["task"])
+        out[domain] = (answer, sum(float(score(answer, json.loads(r_["entry"]))) for r_ in rows) / len(rows))
+    return out
+
+
 def _row(which: dict, name: str) -> str:
     m, n = which[name]
     if not m:
@@ -138,6 +181,8 @@ def _rate(rows: list[dict], key: str) -> float:
     vals = [float(r[key]) for r in rows if r.get(key) not in (None, "")]
     return sum(vals) / len(vals) if vals else float("nan")
 
+
+GAMED = 0.5  # a constant answer's mean reward at or above which a domain's scorer counts as gamed
 
 HEAD = ["| domains | n | base | candidate | delta | 95% interval | better | unchanged | worse |",
         "|---|---:|---:|---:|---:|---|---:|---:|---:|"]
@@ -160,6 +205,13 @@ def report(home: Path, out: Path) -> None:
                     versus["trained"])
     differ = sorted(d for d, x in result["domains"].items() if versus["domains"].get(d, {}).get("verdict") != x.verdict)
     (trained, counts), (task_trained, task_counts) = result["trained"], task["trained"]
+    constant = _constant_answers(client, lifecycle, home)
+    shuffled = _shuffled_answers(home, sorted(samples["candidate"]))
+    gamed = sorted({d for d, (_, mean) in constant.items() if mean >= GAMED} |
+                   {d for d, mean in shuffled.items() if mean >= GAMED})
+    honest = _compare({d: v for d, v in samples["base"].items() if d not in gamed},
+                      {d: v for d, v in samples["candidate"].items() if d not in gamed},
+                      [d for d in versus["trained"] if d not in gamed])
     goals = [
         ("mean reward over the trained domains up, interval excluding 0", bool(trained and trained.lo > 0)),
         (f"at least a quarter of trained domains significantly better ({counts['better']} of {trained.domains})",
@@ -175,7 +227,8 @@ def report(home: Path, out: Path) -> None:
         "# SmolLM2-135M-Instruct through post_training over many reasoning-gym domains",
         "",
         f"Run {run.get('date', '?')}, commit `{run.get('commit', '?')}`, {run.get('cores', '?')} cores, no GPU; "
-        f"load average before {run.get('load_before', ['?'])[0]}, after {run.get('load_after', ['?'])[0]}. "
+        f"1-min load average before {run.get('load_before', [0])[0]:.2f}, after {run.get('load_after', [0])[0]:.2f} "
+        "(the last stretch of the base eval shared the machine with `make test`). "
         f"Lifecycle run `{run_id}`. Parameters: `configs/params/smollm2-multidomain.yaml` (domains chosen by the rule "
         "in `benchmarks/real_model_multidomain.py`); repeat with `make realistic` and "
         "`.venv/bin/temper demo --params configs/params/smollm2-multidomain.yaml`.",
@@ -195,6 +248,29 @@ def report(home: Path, out: Path) -> None:
         "Goals of the issue:",
         "",
         *[f"- {'met' if ok else '**not met**'}: {text}" for text, ok in goals],
+        "",
+        "## Scorers that pay answers unrelated to the item",
+        "",
+        "Two probes of reasoning-gym's own scorers, per domain, over its 32 eval items: the candidate's most common "
+        "answer (among its logged examples) given to every item, and every item answered with the next item's oracle "
+        f"answer. {len(gamed)} domain(s) give one of them a mean reward of at least {GAMED}: there a constant or an "
+        "unrelated well-formed answer is paid, and what the policy learnt is that, not the task (reward hacking of "
+        "the pack's scorers, which temper applies exactly as reasoning-gym does):",
+        "",
+        "| domain | constant answer | its mean reward | another item's answer: mean reward | candidate |",
+        "|---|---|---:|---:|---:|",
+        *[f"| {d} | `{constant.get(d, ('-', 0.0))[0][:40]}` | {constant.get(d, ('-', 0.0))[1]:.3f} | "
+          f"{shuffled.get(d, 0.0):.3f} | {result['domains'][d].candidate:.3f} |"
+          for d in gamed if d in result["domains"]],
+        "",
+        "Where the answer is one of two or three words (True/False, Yes/No, a name), about 0.5 is the chance a guess "
+        "has, not a fault of the scorer. The scorer faults are propositional_logic (the constant `(Q ∨ Q)` earns 0.8), "
+        "puzzle24 (another item's expression earns 1.0: the scorer does not check which numbers were used) and, found "
+        "by hand, time_intervals (any well-formed duration earns about 1: `0 days, 00:00` scores 0.99999 against "
+        "`0 days, 00:01:00`), which this probe misses because its items ask for different formats. Without every "
+        "flagged domain (a conservative bound: it also drops the chance-level ones):",
+        "",
+        *HEAD, _row(honest, "trained"), _row(honest, "held_out"),
         "",
         "## Answer format or the task?",
         "",
