@@ -15,6 +15,10 @@ most 200 SmolLM2 tokens (an answer the 32-token GRPO completion and 48-token eva
 tiers are held out of training entirely (evaluated only, for transfer). A "neither always nor never right on a
 probe" rule selects nothing here: the base model never writes the ``<answer>`` tag the pack's verifier needs
 (0 of 48 probe answers), so it is at 0 on every tier.
+
+The committed lists are the rule's output over the pack as it was on 2026-12-05 (40 tasks kept); the run showed
+three of those tasks' scorers paying unrelated answers, the pack now excludes them, and their six domains were
+taken out of the trained list by hand (a new ``select`` draws the held-out tasks from 37 and may pick others).
 """
 
 from __future__ import annotations
