@@ -14,7 +14,7 @@ class JobFailed(KubernetesError):
 
     ``reason`` is one of: OOMKilled, ImagePullBackOff, CreateContainerConfigError, Evicted,
     DeadlineExceeded, Unschedulable, FailedCreate, Inadmissible (Kueue can never admit it), Error
-    (non-zero exit), Cancelled. ``retriable`` says
+    (non-zero exit), Cancelled, Deleted (the Job vanished while watched). ``retriable`` says
     whether a new attempt (resuming from checkpoint) can help.
     """
 

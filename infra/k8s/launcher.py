@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import threading
 import time
-from datetime import datetime, timezone
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -36,13 +35,11 @@ from infra.jobspec import JobSpec
 from infra.k8s import manifests as m
 from infra.k8s.errors import JobFailed, KubernetesError
 from infra.k8s.options import KubernetesOptions
+from infra.k8s.outcomes import (Outcome, classify, condition, failed_create, kueue_outcome, missing_pods,
+                                 unschedulable, when)
 from infra.k8s.preflight import api_error_line, demand_of, quota_refusal
 
 LogFn = Callable[[str], None]
-FAIL_FAST_WAITING = {
-    "ImagePullBackOff": "ImagePullBackOff", "ErrImagePull": "ImagePullBackOff", "InvalidImageName": "ImagePullBackOff",
-    "CreateContainerConfigError": "CreateContainerConfigError",
-}
 
 
 class Api(Protocol):
@@ -61,19 +58,6 @@ def _one_line(e: Exception) -> str:
 
 
 @dataclass
-class Outcome:
-    state: str  # "running" | "succeeded" | "failed"
-    reason: str = ""
-    message: str = ""
-    retriable: bool = False
-    pod: str | None = None
-    finished: bool = False  # the Job itself ended (kept for its logs) vs still running (deleted)
-
-    def error(self, job: str) -> JobFailed:
-        return JobFailed(job, self.reason, self.message, self.retriable, self.pod)
-
-
-@dataclass
 class Attempt:
     """What one attempt created (or adopted): the unit of watching and cleanup."""
 
@@ -87,153 +71,6 @@ class Attempt:
     @property
     def namespace(self) -> str:
         return self.objects[0].metadata.namespace
-
-
-def _condition(job: k.V1Job, type_: str) -> k.V1JobCondition | None:
-    for c in (job.status.conditions if job.status else None) or []:
-        if c.type == type_ and c.status == "True":
-            return c
-    return None
-
-
-def _statuses(pod: k.V1Pod) -> list[k.V1ContainerStatus]:
-    st = pod.status
-    return list((st.container_statuses or []) + (st.init_container_statuses or [])) if st else []
-
-
-def _failed_pod_outcome(pods: list[k.V1Pod], limits: str) -> Outcome | None:
-    """Most specific cause first: OOM beats eviction beats a plain non-zero exit."""
-    ordered = sorted(pods, key=lambda p: p.metadata.name)
-    for pod in ordered:
-        for cs in _statuses(pod):
-            term = (cs.state and cs.state.terminated) or (cs.last_state and cs.last_state.terminated)
-            if term and term.reason == "OOMKilled":
-                return Outcome("failed", "OOMKilled", f"container {cs.name!r} exceeded its memory limit ({limits}); "
-                               "raise resources.memory or lower the per-device batch size", False, pod.metadata.name)
-    for pod in ordered:
-        if pod.status and pod.status.reason == "Evicted":
-            return Outcome("failed", "Evicted", f"evicted by the kubelet: {pod.status.message or 'node pressure'}",
-                           True, pod.metadata.name)
-    for pod in ordered:
-        for cs in _statuses(pod):
-            term = cs.state and cs.state.terminated
-            if term and term.exit_code:
-                tail = f": {term.message.strip()[-300:]}" if term.message else ""
-                return Outcome("failed", "Error", f"container {cs.name!r} exited with code {term.exit_code} "
-                               f"({term.reason or 'Error'}){tail}", True, pod.metadata.name)
-    return None
-
-
-def classify(job: k.V1Job, pods: list[k.V1Pod], unschedulable_for_s: float, opts: KubernetesOptions,
-             limits: str = "") -> Outcome:
-    """Pure: Job + pod statuses -> running / succeeded / failed with a reason a user can act on."""
-    name = job.metadata.name
-    if _condition(job, "Complete"):
-        return Outcome("succeeded")
-    failed = _condition(job, "Failed")
-    if failed:
-        if failed.reason == "DeadlineExceeded":
-            deadline = job.spec.active_deadline_seconds if job.spec else None
-            return Outcome("failed", "DeadlineExceeded", f"ran longer than activeDeadlineSeconds={deadline} "
-                           "(spec.timeout_s); raise it or shorten the run", False, finished=True)
-        found = _failed_pod_outcome(pods, limits) or Outcome(
-            "failed", failed.reason or "Failed", failed.message or f"job {name} failed", True)
-        found.finished = True
-        return found
-    for pod in pods:
-        for cs in _statuses(pod):
-            waiting = cs.state and cs.state.waiting
-            if waiting and waiting.reason in FAIL_FAST_WAITING:
-                hint = ("check the image name/tag and imagePullSecrets" if "Image" in waiting.reason
-                        else "a Secret or ConfigMap the pod references is missing (e.g. the S3 secret)")
-                return Outcome("failed", FAIL_FAST_WAITING[waiting.reason],
-                               f"{waiting.message or waiting.reason}; {hint}", False, pod.metadata.name)
-    suspended = bool(job.spec and job.spec.suspend)
-    if unschedulable_for_s >= opts.unschedulable_after_s and not suspended:
-        msg = next((c.message for p in pods for c in (p.status.conditions or []) if c.reason == "Unschedulable"), "")
-        return Outcome("failed", "Unschedulable", f"pods unschedulable for {unschedulable_for_s:.0f}s: {msg}; "
-                       "check resources, nodeSelector/tolerations and the ResourceQuota", False)
-    return Outcome("running")
-
-
-def failed_create(job: k.V1Job, events: list[k.CoreV1Event], refusal: str | None, blocked_for_s: float,
-                  opts: KubernetesOptions) -> Outcome | None:
-    """Pure: the Job controller could not create the Job's pods (its FailedCreate Events) -> failed, or None.
-
-    The Job itself never fails for this: the controller retries with back-off until
-    activeDeadlineSeconds, so without reading the Events a missing service account or an
-    admission refusal costs the whole deadline. A refusal by a ResourceQuota can pass once other
-    pods end, so it fails at once only when the quota could never admit the Job (``refusal``, from
-    ``preflight.quota_refusal``), else after ``unschedulable_after_s`` of refusals, as Unschedulable does.
-    """
-    if not events:
-        return None
-    newest = max(events, key=lambda e: (_when(e), e.count or 0))
-    said = " ".join((newest.message or "").split())[:400]
-    where = f"the Job controller cannot create its pods ({said})"
-    if "exceeded quota" not in said:
-        return Outcome("failed", "FailedCreate", f"{where}; fix what the message names (service account, "
-                       "PriorityClass, RuntimeClass, admission policy) and run again", False)
-    if refusal:
-        return Outcome("failed", "FailedCreate", f"{where}; {refusal}", False)
-    if blocked_for_s >= opts.unschedulable_after_s:
-        return Outcome("failed", "FailedCreate", f"{where} for {blocked_for_s:.0f}s; the namespace's ResourceQuota "
-                       "stayed full: wait for other runs or raise the quota", False)
-    return None
-
-
-# Kueue's QuotaReserved=False reasons (and message parts, for Kueue before 0.19, which said "Pending")
-# that no waiting changes: a request above the ClusterQueue's nominal quota, a resource it does not cover, a missing
-# LocalQueue/ClusterQueue or a namespace its selector does not match.
-KUEUE_NEVER_REASONS = {"ExceedsMaxQuota", "Misconfigured"}
-KUEUE_NEVER_MESSAGES = ("> maximum capacity", "unavailable in ClusterQueue", "doesn't exist",
-                        "doesn't match ClusterQueue selector")
-
-
-def kueue_outcome(job: k.V1Job, workloads: list[dict]) -> tuple[Outcome | None, str]:
-    """Pure: a suspended, queued Job's Kueue Workloads -> (failed if Kueue can never admit it, why it waits).
-
-    Kueue holds the Job suspended and writes why on its Workload (``QuotaReserved`` False, reason
-    and message, e.g. "couldn't assign flavors to pod set main: insufficient quota for cpu in flavor
-    gpu, previously considered podsets requests (0) + current podset request (8) > maximum capacity
-    (4)"). Waiting behind other Workloads (WaitingForQuota) is normal; the never-admissible cases fail.
-    """
-    queue = (job.metadata.labels or {}).get(m.QUEUE_LABEL, "")
-    for wl in workloads:
-        cond = next((c for c in (wl.get("status") or {}).get("conditions") or [] if c.get("type") == "QuotaReserved"), None)
-        if not cond or cond.get("status") != "False":
-            continue
-        said = " ".join((cond.get("message") or "").split())[:500]
-        where = f"Kueue cannot admit it from LocalQueue {job.metadata.namespace}/{queue}"
-        if cond.get("reason") in KUEUE_NEVER_REASONS or any(part in said for part in KUEUE_NEVER_MESSAGES):
-            fix = ("create the LocalQueue/ClusterQueue or set queue_name" if cond.get("reason") == "Misconfigured"
-                   or "exist" in said or "selector" in said else
-                   "the job asks for more than the ClusterQueue's nominalQuota: lower its resources or ranks, "
-                   "or raise the quota")
-            return Outcome("failed", "Inadmissible", f"{where} ({cond.get('reason')}: {said}); {fix}", False), ""
-        return None, f"{where} yet ({cond.get('reason')}: {said})"
-    return None, ""
-
-
-def _when(event: k.CoreV1Event) -> datetime:
-    return event.last_timestamp or event.event_time or event.first_timestamp or datetime.min.replace(tzinfo=timezone.utc)
-
-
-def _missing_pods(job: k.V1Job, pods: list[k.V1Pod]) -> bool:
-    """Fewer pods than the Job runs at once (and it is neither finished nor suspended): some could not be made."""
-    spec = job.spec
-    if spec is None or spec.suspend or _condition(job, "Complete") or _condition(job, "Failed"):
-        return False
-    done = (job.status.succeeded or 0) if job.status else 0
-    want = min(spec.parallelism or 1, (spec.completions or spec.parallelism or 1) - done)
-    live = [p for p in pods if not (p.metadata and p.metadata.deletion_timestamp)
-            and (p.status is None or p.status.phase not in ("Succeeded", "Failed"))]
-    return len(live) < want
-
-
-def _unschedulable(pods: list[k.V1Pod]) -> bool:
-    return any(c.type == "PodScheduled" and c.status == "False" and c.reason == "Unschedulable"
-               for p in pods for c in ((p.status.conditions if p.status else None) or []))
 
 
 class KubernetesLauncher:
@@ -279,7 +116,7 @@ class KubernetesLauncher:
     def adopted_failure(self, attempt: Attempt) -> str | None:
         """An adopted Job that already failed (a previous task attempt's, kept for its logs): its name."""
         for job in attempt.jobs:
-            if job.metadata.name in attempt.adopted and _condition(self.api.read_job(job.metadata.namespace,
+            if job.metadata.name in attempt.adopted and condition(self.api.read_job(job.metadata.namespace,
                                                                                      job.metadata.name), "Failed"):
                 return job.metadata.name
         return None
@@ -300,11 +137,11 @@ class KubernetesLauncher:
                 if cancel is not None and cancel.is_set():
                     raise JobFailed(",".join(sorted(pending)), "Cancelled", "cancelled by the caller", False)
                 for name in sorted(pending):
-                    job = self.api.read_job(ns, name)
+                    job = self._read_watched(ns, name)
                     pods = self.api.list_pods(ns, f"{m.JOB_LABEL}={name}")
                     self._follow_logs(ns, pods, followers, on_log)
                     now = self.clock()
-                    if _unschedulable(pods):
+                    if unschedulable(pods):
                         unschedulable_since.setdefault(name, now)
                     else:
                         unschedulable_since.pop(name, None)
@@ -336,14 +173,26 @@ class KubernetesLauncher:
                 t.join(timeout=10)
         self._delete_services(attempt)
 
+    def _read_watched(self, ns: str, name: str) -> k.V1Job:
+        """The Job being watched; one that is gone (``kubectl delete``, or a ``ttlSecondsAfterFinished`` shorter than
+        a poll) ends the watch with its cause named: how it ended is unknown, so no retry is tried."""
+        try:
+            return self.api.read_job(ns, name)
+        except ApiException as e:
+            if e.status != 404:
+                raise
+            raise JobFailed(name, "Deleted", f"Job {ns}/{name} was deleted while temper watched it (kubectl delete, or "
+                            f"ttlSecondsAfterFinished={self.opts.ttl_seconds_after_finished} ran out before the next "
+                            "poll); its outcome is unknown", False) from None
+
     def _failed_create(self, attempt: Attempt, job: k.V1Job, pods: list[k.V1Pod], since: dict[str, float],
                        now: float) -> Outcome | None:
         """Read the Job's FailedCreate Events when it has fewer pods than it should (one list call then)."""
         name = job.metadata.name
-        events = self.api.list_failed_creates(attempt.namespace, job) if _missing_pods(job, pods) else []
+        events = self.api.list_failed_creates(attempt.namespace, job) if missing_pods(job, pods) else []
         made = [p.metadata.creation_timestamp for p in pods if p.metadata and p.metadata.creation_timestamp]
         if made:  # a pod made after an Event (the same second counts as after it): that cause has passed
-            events = [e for e in events if _when(e) >= max(made).replace(microsecond=0)]
+            events = [e for e in events if when(e) >= max(made).replace(microsecond=0)]
         if not events:
             since.pop(name, None)
             return None

@@ -40,7 +40,7 @@ from kubernetes.client.exceptions import ApiException
 from infra.k8s import manifests as m
 from infra.k8s import sandbox_exec
 from infra.k8s.errors import KubernetesError
-from infra.k8s.launcher import FAIL_FAST_WAITING
+from infra.k8s.outcomes import FAIL_FAST_WAITING
 from infra.k8s.options import KubernetesOptions
 from infra.sandbox import snapshot as snapshot_module
 from infra.sandbox.api import Limits, Outcome, Profile, Result, SandboxError, StateLimitError, safe_relpath

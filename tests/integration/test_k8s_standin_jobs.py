@@ -23,7 +23,7 @@ from infra.k8s.options import KubernetesOptions
 
 NS = "temper"
 OPTS = KubernetesOptions(namespace=NS, priority_class=None, sandbox_priority_class=None, s3_secret=None,
-                         poll_interval_s=0.2, ttl_seconds_after_finished=1, rendezvous_port=29555)
+                         poll_interval_s=0.2, ttl_seconds_after_finished=10, rendezvous_port=29555)
 
 
 def spec(name: str, **over) -> JobSpec:
@@ -32,7 +32,7 @@ def spec(name: str, **over) -> JobSpec:
     return JobSpec(**{**base, **over})
 
 
-def job_with(name: str, script: str, ttl_s: int = 1, **spec_over) -> list:
+def job_with(name: str, script: str, ttl_s: int = 5, **spec_over) -> list:
     """The objects one attempt submits, each rank running ``sh -c script`` instead of accelerate."""
     objs = m.objects_for(spec(name, **spec_over), OPTS)
     job = objs[-1]
@@ -54,8 +54,11 @@ def pods_of(cluster, job: str) -> list[k.V1Pod]:
 def test_indexed_ranks_get_their_index_env_and_resolve_each_other(k8s_cluster):
     k8s_cluster.create_namespace(NS)
     script = ('echo "rank=$NODE_RANK index=$JOB_COMPLETION_INDEX host=$(hostname) master=$MASTER_ADDR"; '
-              'getent hosts "$MASTER_ADDR" "$(hostname).ranks" "$(hostname).ranks.temper.svc.cluster.local" >/dev/null '
-              '&& echo resolved')
+              # a rank's record is there while its pod runs (as in cluster DNS): each looks its peers up until they
+              # are all there, as ranks do at rendezvous, and stays up a while for the later one to see it too
+              'for i in $(seq 100); do getent hosts "$MASTER_ADDR" ranks-0.ranks ranks-1.ranks '
+              '"$(hostname).ranks.temper.svc.cluster.local" >/dev/null && echo resolved && sleep 5 && exit 0; '
+              'sleep 0.2; done; exit 2')
     lines: list[str] = []
     start = time.monotonic()
     attempt = launcher(k8s_cluster).submit(job_with("ranks", script), lines.append)

@@ -16,7 +16,8 @@ from infra.jobspec import JobSpec, Resources
 from infra.k8s import manifests as m
 from infra.k8s import preflight
 from infra.k8s.errors import KubernetesError
-from infra.k8s.launcher import KubernetesLauncher, classify
+from infra.k8s.launcher import KubernetesLauncher
+from infra.k8s.outcomes import classify
 from infra.k8s.options import KubernetesOptions
 from tests.unit.test_k8s_manifests import FakeApi
 

@@ -8,11 +8,13 @@ from __future__ import annotations
 
 import pytest
 from kubernetes import client as k
+from kubernetes.client.exceptions import ApiException
 
 from infra.jobspec import JobSpec, Resources
 from infra.k8s.api import exec_exit_code
 from infra.k8s.errors import JobFailed, KubernetesError
-from infra.k8s.launcher import KubernetesLauncher, classify
+from infra.k8s.launcher import KubernetesLauncher
+from infra.k8s.outcomes import classify
 from infra.k8s.options import KubernetesOptions
 from tests.unit.test_k8s_manifests import FakeApi
 
@@ -148,6 +150,18 @@ def test_deadline_exceeded_is_final_and_keeps_the_job():
     assert ("Job", "sft-abc") not in api.deleted and ("Service", "sft-abc") in api.deleted
 
 
+def test_a_job_deleted_while_watched_fails_as_deleted_naming_the_ttl_not_a_client_traceback():
+    class Vanishing(FakeApi):
+        def read_job(self, ns, name):
+            raise ApiException(status=404, reason="Not Found")
+    api = Vanishing({"active": 1}, pods=[])
+    launcher, _ = _launcher(api, OPTS.model_copy(update={"ttl_seconds_after_finished": 1}))
+    with pytest.raises(JobFailed) as e:
+        launcher.run(_train(), lambda s: None)
+    assert e.value.reason == "Deleted" and not e.value.retriable and "sft-abc-r1" not in api.created
+    assert "was deleted while temper watched it" in str(e.value) and "ttlSecondsAfterFinished=1" in str(e.value)
+
+
 def test_unschedulable_fails_after_the_grace_period_and_deletes_the_job():
     api = FakeApi({"active": 2, "startTime": T0, "ready": 0, "terminating": 0, "uncountedTerminatedPods": {}},
                   pods=[UNSCHEDULABLE_POD])
@@ -234,7 +248,7 @@ def test_a_quota_that_can_never_admit_fails_at_once_and_a_full_one_after_the_gra
 
 def test_a_failed_create_older_than_the_newest_pod_is_history():
     """A refusal the controller has since got past (a pod was made after it) is not this poll's cause."""
-    from infra.k8s.launcher import failed_create
+    from infra.k8s.outcomes import failed_create
 
     rank0 = k.V1Pod.model_validate({**pod("sft-abc-0-x7p2q", "Running"),
                                     "metadata": {"name": "sft-abc-0-x7p2q", "creationTimestamp": "2026-11-02T10:05:00Z"}})

@@ -15,7 +15,7 @@ import yaml
 from kubernetes import client as k
 from kubernetes.utils import parse_quantity
 
-from infra.k8s.launcher import kueue_outcome
+from infra.k8s.outcomes import kueue_outcome
 from infra.k8s.render import load_render_config, render
 from tests.k8s_standin import admission, crds, kueue
 from tests.k8s_standin.controllers import tolerates
