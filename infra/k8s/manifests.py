@@ -137,7 +137,9 @@ def _workload_container(spec: JobSpec, opts: KubernetesOptions, extra_env: dict[
         name=MAIN_CONTAINER,
         image=spec.image,
         image_pull_policy=opts.image_pull_policy,
-        command=rendezvous_command(spec, opts),
+        # args, not command: the image's ENTRYPOINT (an init, tini in docker/Dockerfile) stays PID 1 and passes
+        # SIGTERM on to the ranks; as PID 1 themselves, `accelerate` or python would ignore it for the whole grace
+        args=rendezvous_command(spec, opts),
         env=env_vars,
         env_from=[k.V1EnvFromSource(secret_ref=k.V1SecretEnvSource(name=opts.s3_secret))] if opts.s3_secret else None,
         ports=[k.V1ContainerPort(name="rendezvous", container_port=opts.rendezvous_port)] if spec.distributed else None,

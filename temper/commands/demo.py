@@ -66,7 +66,8 @@ def demo(args: argparse.Namespace) -> int:
     print(f"\n[demo] registered {reg['name']} version {reg['version']} as @{reg['alias']}")
     print(f"[demo] see it in the MLflow UI: temper up (serves this store), then http://127.0.0.1:5000 -> Models -> "
           f"{reg['name']} -> Version {reg['version']}\n"
-          f"[demo] load it: mlflow.transformers.load_model('models:/{reg['name']}@{reg['alias']}'); serve it: "
+          f"[demo] load it (the prompt format it was trained on applied): mlflow.pyfunc.load_model("
+          f"'models:/{reg['name']}@{reg['alias']}').predict(['Q: 3 + 4 =\\nA:']); serve it: "
           f"MLFLOW_TRACKING_URI={uri} mlflow models serve --env-manager local -m models:/{reg['name']}@{reg['alias']}")
     return 0
 

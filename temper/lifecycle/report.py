@@ -78,8 +78,8 @@ def versus_base_markdown(versus_base: dict) -> str:
         lines.append(f"| {group.replace('_', '-')} | {m['domains']} | {m['base']:.3f} | {m['candidate']:.3f} | "
                      f"{m['delta']:+.3f} | [{m['lo']:+.3f}, {m['hi']:+.3f}] | {n['better']} | {n['unchanged']} | "
                      f"{n['worse']} |")
-    return "\n".join(lines + ["", "better / worse: the domain's paired bootstrap delta is significant after Holm "
-                               "over the domains (one test per direction)."])
+    return "\n".join(lines + ["", "better / worse: the domain's paired delta is significant in a two-sided test, "
+                               "Holm over the domains (a delta without spread: the sign test)."])
 
 
 def before_after_markdown(before: dict[str, float], after: dict[str, float], champion: dict[str, float] | None) -> str:

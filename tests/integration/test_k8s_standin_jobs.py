@@ -38,7 +38,7 @@ def job_with(name: str, script: str, ttl_s: int = 5, **spec_over) -> list:
     job = objs[-1]
     job.spec.ttl_seconds_after_finished = ttl_s
     container = job.spec.template.spec.containers[0]
-    container.command = ["sh", "-c", script]
+    container.args = ["sh", "-c", script]
     job.spec.template.spec.termination_grace_period_seconds = 1
     return objs
 

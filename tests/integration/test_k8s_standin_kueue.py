@@ -72,7 +72,7 @@ def objects(name: str, script: str, cpu: str = "500m", nodes: int = 2, kind: str
                    resources=Resources(cpu=cpu, memory="128Mi", shm_size="16Mi"), timeout_s=60)
     objs = m.objects_for(spec, OPTS)
     job = objs[-1]
-    job.spec.template.spec.containers[0].command = ["sh", "-c", script]
+    job.spec.template.spec.containers[0].args = ["sh", "-c", script]
     job.spec.template.spec.termination_grace_period_seconds = 1
     if priority:
         job.spec.template.spec.priority_class_name = priority

@@ -6,7 +6,8 @@ Asserted through the API and the containers' own output: each pod's ``status.pod
 the headless Service's names (``MASTER_ADDR``) resolve to rank 0's address, and rank 1 connects to rank 0 over
 TCP from its own address (the path the ZeRO-3 rendezvous takes); the pod's securityContext holds inside the
 container (uid 1000, read-only root, no capabilities, no-new-privileges) and its limits are the container's
-cgroup limits; an evicted rank gets SIGTERM then SIGKILL, its index comes back as a new pod with the same
+cgroup limits; a deleted rank waiting at the rendezvous stops in seconds, not at its grace period (the image's
+init passes SIGTERM on); an evicted rank gets SIGTERM then SIGKILL, its index comes back as a new pod with the same
 hostname and a new address, and the names follow it; nothing is left in podman afterwards.
 """
 
@@ -79,7 +80,7 @@ def job(name: str, image: str, command: list[str], ttl_s: int = 1) -> list:
                    resources=Resources(cpu="500m", memory="256Mi", shm_size="64Mi"), timeout_s=120)
     objs = m.objects_for(spec, OPTS)
     objs[-1].spec.ttl_seconds_after_finished = ttl_s
-    objs[-1].spec.template.spec.containers[0].command = command
+    objs[-1].spec.template.spec.containers[0].args = command  # after the image's init, as the manifests put it
     objs[-1].spec.template.spec.termination_grace_period_seconds = 1
     return objs
 
@@ -92,6 +93,17 @@ def left_in_podman(cluster) -> list[str]:
     """Containers of the cluster's pods still in podman (the node's own pod, which keeps the bridge up, aside)."""
     rows = podman("ps", "-a", "--pod", "--filter", f"label={LABEL}={cluster.runtime.id}", "--format", "{{.Names}} {{.PodName}}")
     return [row.split()[0] for row in rows.splitlines() if row.split()[1:] != [cluster.runtime.node_pod]]
+
+
+def listening(cluster, pod_prefix: str, port: int) -> bool:
+    """Whether a container of a pod whose name starts with ``pod_prefix`` listens on ``port`` (its /proc/net/tcp*)."""
+    rows = podman("ps", "--filter", f"label={LABEL}={cluster.runtime.id}", "--format", "{{.Names}} {{.PodName}}")
+    for name, *pod in (row.split() for row in rows.splitlines()):
+        if pod and f"-{NS}-{pod_prefix}-" in pod[0]:
+            table = podman("exec", name, "cat", "/proc/net/tcp", "/proc/net/tcp6", check=False)
+            if any(len(f) > 3 and f[1].endswith(f":{port:04X}") and f[3] == "0A" for f in map(str.split, table.splitlines())):
+                return True
+    return False
 
 
 def test_ranks_are_containers_with_own_addresses_that_resolve_and_reach_each_other(k8s_cluster, workload_image):
@@ -130,7 +142,7 @@ def test_ranks_are_containers_with_own_addresses_that_resolve_and_reach_each_oth
 def test_an_evicted_rank_is_stopped_and_its_index_comes_back_with_a_new_address(k8s_cluster, workload_image):
     k8s_cluster.create_namespace(NS)
     marker = k8s_cluster.shared_dir / "go"
-    # PID 1 with no SIGTERM handler ignores it (as in any container): the eviction's grace ends in SIGKILL
+    # the image's init (PID 1) passes the eviction's SIGTERM on to the rank's shell, which stops
     script = f'while [ ! -e {marker} ]; do sleep 0.1; done; getent hosts "$MASTER_ADDR" "$(hostname)"'
     launcher = KubernetesLauncher(ClusterApi(k8s_cluster.api_client), OPTS)
     lines: list[str] = []
@@ -147,7 +159,7 @@ def test_an_evicted_rank_is_stopped_and_its_index_comes_back_with_a_new_address(
     k8s_cluster.wait_for("the evicted pod gone", lambda: victim.metadata.name not in [
         p.metadata.name for p in pods_of(k8s_cluster, "evict")], timeout=30)
     gone = time.monotonic() - t
-    assert 1 <= gone < 20, gone  # SIGTERM ignored by PID 1, SIGKILL after the 1 s grace
+    assert gone < 20, gone
     assert replacement.spec.hostname == victim.spec.hostname and replacement.status.pod_ip != victim.status.pod_ip
     def dns_follows() -> bool:
         hosts = (k8s_cluster.root / "hosts").read_text()
@@ -165,4 +177,46 @@ def test_an_evicted_rank_is_stopped_and_its_index_comes_back_with_a_new_address(
     assert any(rank0.status.pod_ip in line and "evict-0.evict" in line for line in lines), lines  # getent in the ranks
     job_ = k.BatchV1Api(k8s_cluster.api_client).read_namespaced_job("evict", NS)
     assert (job_.status.succeeded, job_.status.failed) == (2, None)  # the disruption was not counted
+    k8s_cluster.wait_for("nothing left in podman", lambda: left_in_podman(k8s_cluster) == [], timeout=30)
+
+
+def test_a_deleted_rank_waiting_at_the_rendezvous_stops_in_seconds_not_at_its_grace_period(k8s_cluster, workload_image):
+    """The Job temper renders, unchanged but for one rank of two allowed to run: it waits at the rendezvous for a
+    peer that never comes. Deleting the Job (a failed attempt's cleanup) sends its pod SIGTERM: the image's init
+    (tini, PID 1) passes it to ``accelerate launch`` and the rank, and the pod is gone in seconds. The control is
+    the same line as PID 1 (``command``, which bypasses the image's entrypoint): it ignores SIGTERM and holds the
+    node until the grace period's SIGKILL."""
+    k8s_cluster.create_namespace(NS)
+    api = ClusterApi(k8s_cluster.api_client)
+    launcher = KubernetesLauncher(api, OPTS)
+
+    def stop_time(name: str, init: bool, grace_s: int) -> float:
+        spec = JobSpec(name=name, kind="train", image=workload_image, command=["python", "-c", "print('rank body')"],
+                       nodes=2, distributed=True, resources=Resources(cpu="500m", memory="1Gi", shm_size="64Mi"),
+                       timeout_s=300)
+        objs = m.objects_for(spec, OPTS)
+        pod = objs[-1].spec.template.spec
+        assert pod.containers[0].command is None and pod.containers[0].args[:2] == ["accelerate", "launch"]
+        objs[-1].spec.parallelism = 1  # rank 1 never starts: rank 0 waits for it at the rendezvous
+        pod.termination_grace_period_seconds = grace_s
+        if not init:
+            pod.containers[0].command, pod.containers[0].args = pod.containers[0].args, None
+        lines: list[str] = []
+        launcher.submit(objs, lines.append)
+        k8s_cluster.wait_for(f"{name}: rank 0 running", lambda: any(
+            p.status.phase == "Running" for p in pods_of(k8s_cluster, name)), timeout=90)
+        # at the rendezvous: rank 0's agent listens on the rendezvous port (its store) and waits for rank 1
+        k8s_cluster.wait_for(f"{name}: waiting at the rendezvous", lambda: listening(k8s_cluster, name, PORT),
+                             timeout=120)
+        start = time.monotonic()
+        api.delete("Job", NS, name)
+        k8s_cluster.wait_for(f"{name}: its pod gone", lambda: pods_of(k8s_cluster, name) == [], timeout=grace_s + 60)
+        return time.monotonic() - start
+
+    with_init = stop_time("term-init", init=True, grace_s=60)
+    as_pid1 = stop_time("term-pid1", init=False, grace_s=12)
+    print(f"\ndeleted rank at the rendezvous: gone in {with_init:.1f}s with the image's init (grace 60s); "
+          f"{as_pid1:.1f}s as PID 1 (grace 12s)")
+    assert with_init < 15, with_init
+    assert as_pid1 >= 11, as_pid1  # the control: without the init, SIGTERM is ignored until the grace ends
     k8s_cluster.wait_for("nothing left in podman", lambda: left_in_podman(k8s_cluster) == [], timeout=30)
