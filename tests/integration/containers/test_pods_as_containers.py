@@ -95,14 +95,18 @@ def left_in_podman(cluster) -> list[str]:
     return [row.split()[0] for row in rows.splitlines() if row.split()[1:] != [cluster.runtime.node_pod]]
 
 
+def containers_of(cluster, pod_prefix: str) -> list[str]:
+    """The running podman containers of the cluster's pods whose names start with ``pod_prefix``."""
+    rows = podman("ps", "--pod", "--filter", f"label={LABEL}={cluster.runtime.id}", "--format", "{{.Names}} {{.PodName}}")
+    return [name for name, *pod in (row.split() for row in rows.splitlines()) if pod and f"-{NS}-{pod_prefix}-" in pod[0]]
+
+
 def listening(cluster, pod_prefix: str, port: int) -> bool:
     """Whether a container of a pod whose name starts with ``pod_prefix`` listens on ``port`` (its /proc/net/tcp*)."""
-    rows = podman("ps", "--filter", f"label={LABEL}={cluster.runtime.id}", "--format", "{{.Names}} {{.PodName}}")
-    for name, *pod in (row.split() for row in rows.splitlines()):
-        if pod and f"-{NS}-{pod_prefix}-" in pod[0]:
-            table = podman("exec", name, "cat", "/proc/net/tcp", "/proc/net/tcp6", check=False)
-            if any(len(f) > 3 and f[1].endswith(f":{port:04X}") and f[3] == "0A" for f in map(str.split, table.splitlines())):
-                return True
+    for name in containers_of(cluster, pod_prefix):
+        table = podman("exec", name, "cat", "/proc/net/tcp", "/proc/net/tcp6", check=False)
+        if any(len(f) > 3 and f[1].endswith(f":{port:04X}") and f[3] == "0A" for f in map(str.split, table.splitlines())):
+            return True
     return False
 
 
@@ -191,13 +195,14 @@ def test_a_deleted_rank_waiting_at_the_rendezvous_stops_in_seconds_not_at_its_gr
     launcher = KubernetesLauncher(api, OPTS)
 
     def stop_time(name: str, init: bool, grace_s: int) -> float:
-        spec = JobSpec(name=name, kind="train", image=workload_image, command=["python", "-c", "print('rank body')"],
+        spec = JobSpec(name=name, kind="train", image=workload_image, command=["python", "-m", "workloads.train", "sft"],
                        nodes=2, distributed=True, resources=Resources(cpu="500m", memory="1Gi", shm_size="64Mi"),
-                       timeout_s=300)
+                       timeout_s=300, accelerate_config=f"{OPTS.app_dir}/{OPTS.accelerate_config}")  # as execution.py
         objs = m.objects_for(spec, OPTS)
         pod = objs[-1].spec.template.spec
         assert pod.containers[0].command is None and pod.containers[0].args[:2] == ["accelerate", "launch"]
         objs[-1].spec.parallelism = 1  # rank 1 never starts: rank 0 waits for it at the rendezvous
+        objs[-1].spec.ttl_seconds_after_finished = 300  # a rank that failed instead stays to be read
         pod.termination_grace_period_seconds = grace_s
         if not init:
             pod.containers[0].command, pod.containers[0].args = pod.containers[0].args, None
@@ -206,8 +211,13 @@ def test_a_deleted_rank_waiting_at_the_rendezvous_stops_in_seconds_not_at_its_gr
         k8s_cluster.wait_for(f"{name}: rank 0 running", lambda: any(
             p.status.phase == "Running" for p in pods_of(k8s_cluster, name)), timeout=90)
         # at the rendezvous: rank 0's agent listens on the rendezvous port (its store) and waits for rank 1
-        k8s_cluster.wait_for(f"{name}: waiting at the rendezvous", lambda: listening(k8s_cluster, name, PORT),
-                             timeout=120)
+        try:
+            k8s_cluster.wait_for(f"{name}: waiting at the rendezvous", lambda: listening(k8s_cluster, name, PORT),
+                                 timeout=120)
+        except TimeoutError:  # say what the rank did instead (its state and last log lines)
+            said = [(p.metadata.name, p.status.phase, list(api.stream_log(NS, p.metadata.name, m.MAIN_CONTAINER))[-15:])
+                    for p in pods_of(k8s_cluster, name)]
+            raise AssertionError(f"{name} never listened on {PORT}: {said}") from None
         start = time.monotonic()
         api.delete("Job", NS, name)
         k8s_cluster.wait_for(f"{name}: its pod gone", lambda: pods_of(k8s_cluster, name) == [], timeout=grace_s + 60)
