@@ -117,7 +117,7 @@ class KubernetesLauncher:
         """An adopted Job that already failed (a previous task attempt's, kept for its logs): its name."""
         for job in attempt.jobs:
             if job.metadata.name in attempt.adopted and condition(self.api.read_job(job.metadata.namespace,
-                                                                                     job.metadata.name), "Failed"):
+                                                                                    job.metadata.name), "Failed"):
                 return job.metadata.name
         return None
 

@@ -35,7 +35,6 @@ class Outcome:
         return JobFailed(job, self.reason, self.message, self.retriable, self.pod)
 
 
-
 def condition(job: k.V1Job, type_: str) -> k.V1JobCondition | None:
     for c in (job.status.conditions if job.status else None) or []:
         if c.type == type_ and c.status == "True":

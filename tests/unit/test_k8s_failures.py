@@ -14,7 +14,7 @@ from infra.jobspec import JobSpec, Resources
 from infra.k8s.api import exec_exit_code
 from infra.k8s.errors import JobFailed, KubernetesError
 from infra.k8s.launcher import KubernetesLauncher
-from infra.k8s.outcomes import classify
+from infra.k8s.outcomes import classify, failed_create
 from infra.k8s.options import KubernetesOptions
 from tests.unit.test_k8s_manifests import FakeApi
 
@@ -248,8 +248,6 @@ def test_a_quota_that_can_never_admit_fails_at_once_and_a_full_one_after_the_gra
 
 def test_a_failed_create_older_than_the_newest_pod_is_history():
     """A refusal the controller has since got past (a pod was made after it) is not this poll's cause."""
-    from infra.k8s.outcomes import failed_create
-
     rank0 = k.V1Pod.model_validate({**pod("sft-abc-0-x7p2q", "Running"),
                                     "metadata": {"name": "sft-abc-0-x7p2q", "creationTimestamp": "2026-11-02T10:05:00Z"}})
     job = k.V1Job.model_validate({"metadata": {"name": "sft-abc"}, "spec": {"parallelism": 2, "completions": 2,
