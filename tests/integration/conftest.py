@@ -258,3 +258,25 @@ def run_grpo_with_worker(fields: dict, config: Path, worker: str) -> list[str]:
     get_settings.cache_clear()
     assert status == 0, "\n".join(lines[-60:])
     return lines
+
+
+def without_retry_waits(mp: pytest.MonkeyPatch) -> None:
+    """Every Prefect task in tasks/ and flows/ keeps its retries but waits 0 s between them.
+
+    For tests whose failure is deterministic: every attempt fails the same way, so the production
+    waits (2-15 s, there to outlast an outage) prove nothing and cost ~20 s per case. The number
+    of attempts, which those tests count, is unchanged. Flows run in this process pick it up."""
+    import importlib
+    import pkgutil
+
+    from prefect import Task
+
+    import flows
+    import tasks
+
+    for package in (tasks, flows):
+        for info in pkgutil.iter_modules(package.__path__):
+            module = importlib.import_module(f"{package.__name__}.{info.name}")
+            for obj in vars(module).values():
+                if isinstance(obj, Task) and obj.retries and obj.retry_delay_seconds:
+                    mp.setattr(obj, "retry_delay_seconds", 0)

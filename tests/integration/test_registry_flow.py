@@ -1,18 +1,17 @@
-"""The registry as the real post_training flow writes it, on both stores MLflow offers.
+"""The registry as the real post_training flow writes it.
 
 Two consecutive runs of the flow (tiny model, 20 SFT steps, 1 GRPO step, 16 eval items, one
-rank, same seed: two identical models) against one registry, once on the embedded sqlite store
-(what `make demo` writes) and once on an MLflow server. The stores differ where it hurt: sqlite
-returns model versions as ints, the server as strings. The pair of runs is shared by every test
-of a store (module scope); tests that move aliases come after the ones that only read.
+rank, same seed: two identical models) against one registry on the embedded sqlite store (what
+`make demo` writes). The pair of runs is shared by every test here (module scope); tests that
+move aliases come after the ones that only read. The stores differ where it hurt (sqlite returns
+model versions as ints, the server as strings): test_registry_ops proves every registry command,
+concurrent promotions included, on both stores with versions registered as the flow registers
+them, without training; test_flow_post_training runs the flow against an MLflow server.
 """
 
 from __future__ import annotations
 
 import json
-import multiprocessing
-import os
-import time
 
 import pytest
 
@@ -24,7 +23,6 @@ pytestmark = pytest.mark.slow  # two real post_training runs per store
 
 MODEL = "temper-demo"
 DOMAINS = ["arithmetic", "multiplication"]
-TIMINGS: dict[str, float] = {}
 
 
 def _params(**kw):
@@ -51,22 +49,16 @@ def _env(mp: pytest.MonkeyPatch, home, uri: str | None) -> str:
     return resolved
 
 
-@pytest.fixture(scope="module", params=["sqlite", "server"])
-def flow_registry(request, tmp_path_factory, prefect_api):
+@pytest.fixture(scope="module")
+def flow_registry(tmp_path_factory, prefect_api):
     """Two real post_training runs into one registry; yields what they returned."""
     from flows.post_training import post_training
     from temper.core.settings import get_settings
 
-    uri = request.getfixturevalue("mlflow_server") if request.param == "server" else None
     with pytest.MonkeyPatch.context() as mp:
-        _env(mp, tmp_path_factory.mktemp(f"home-{request.param}"), uri)
+        _env(mp, tmp_path_factory.mktemp("home"), None)
         assert main(["data", "generate", *(f"--domain={d}" for d in DOMAINS)]) == 0
-        states = []
-        for i in (1, 2):
-            t0 = time.time()
-            states.append(post_training(_params(), return_state=True))
-            TIMINGS[f"{request.param} run {i}"] = time.time() - t0
-        yield {"store": request.param, "states": states}
+        yield {"states": [post_training(_params(), return_state=True) for _ in (1, 2)]}
     get_settings.cache_clear()
 
 
@@ -211,70 +203,6 @@ def test_forced_promote_then_rollback_returns_to_the_flows_champion(flow_registr
     assert [(e["seq"], e["version"], e["previous"]) for e in json.loads(out)] == [(1, "2", None)]
 
 
-def _promote_rounds(i: int, rounds: int, barrier, out) -> None:
-    """One promoting process (spawned: its own interpreter, MLflow client and store connection).
-    Each round it waits for the others, then force-promotes v1 or v2 (alternating by process)."""
-    from temper.registry.aliases import promote
-
-    for r in range(rounds):
-        barrier.wait(timeout=600)
-        try:
-            ch = promote(MODEL, "2" if (i + r) % 2 else "1", reason=f"parallel {i}.{r}", force=True)
-            out.put((i, r, ch.changed, ch.event.seq if ch.event else None, ch.version, ch.previous, None))
-        except Exception as e:  # reported to the parent, asserted there
-            out.put((i, r, None, None, None, None, f"{type(e).__name__}: {e}"))
-
-
-PARALLEL_PROCESSES = 6
-PARALLEL_ROUNDS = int(os.environ.get("TEMPER_TEST_PROMOTE_ROUNDS", "2"))  # more rounds = more chances to collide
-
-
-def test_concurrent_promotions_get_distinct_sequence_numbers(flow_registry):
-    """Was: two promotions at once both wrote temper.audit.champion.<N+1>; one event lost.
-
-    Real processes (spawned, as two operators' CLIs or a flow and a CLI would be), all promoting
-    against the same store: every change gets its own sequence number, the trail has no gap and
-    no lost event, each event starts where the last ended, and the alias is where the trail says.
-    """
-    from temper.registry.aliases import audit_trail
-    from temper.registry.audit import holder_stack
-
-    start = len(audit_trail(MODEL))
-    ctx = multiprocessing.get_context("spawn")  # inherits os.environ: TEMPER_HOME and the tracking URI
-    barrier, out = ctx.Barrier(PARALLEL_PROCESSES), ctx.Queue()
-    procs = [ctx.Process(target=_promote_rounds, args=(i, PARALLEL_ROUNDS, barrier, out))
-             for i in range(PARALLEL_PROCESSES)]
-    t0 = time.time()
-    for p in procs:
-        p.start()
-    results = [out.get(timeout=900) for _ in range(PARALLEL_PROCESSES * PARALLEL_ROUNDS)]
-    for p in procs:
-        p.join(60)
-    TIMINGS[f"{flow_registry['store']} {PARALLEL_PROCESSES} processes x {PARALLEL_ROUNDS} rounds of promotes"] = \
-        time.time() - t0
-    assert [p.exitcode for p in procs] == [0] * PARALLEL_PROCESSES
-    assert not [r for r in results if r[6]], [r[6] for r in results if r[6]]
-    changed = [r for r in results if r[2]]
-    claimed = sorted(r[3] for r in changed)
-    assert len(set(claimed)) == len(claimed), f"sequence numbers claimed twice: {claimed}"
-    trail = audit_trail(MODEL)
-    new = trail[start:]
-    assert [e.seq for e in new] == claimed  # every change has its event, none lost or overwritten
-    assert [e.seq for e in trail] == list(range(1, len(trail) + 1))  # distinct and gap-free
-    by_seq = {r[3]: r for r in changed}
-    for e in new:  # each event is the move its process made
-        assert (e.version, e.previous) == (by_seq[e.seq][4], by_seq[e.seq][5])
-    for prev, e in zip(trail, trail[1:]):  # each move starts where the last one ended
-        assert e.previous == prev.version
-    holder = str(_client().get_model_version_by_alias(MODEL, "champion").version)
-    assert holder_stack(trail)[-1] == trail[-1].version == holder
-    assert not [m for m in _client().search_registered_models() if m.name.startswith("temper-lock.")]
-
-
-def test_timings(flow_registry):
-    print("\n" + "\n".join(f"{k}: {v:.1f}s" for k, v in TIMINGS.items()))
-
-
 # ---- failures after the lifecycle run opened -----------------------------------------------
 
 FAILURES = {  # case -> (the stage that fails, how to make it fail cheaply)
@@ -291,8 +219,10 @@ FAILURES = {  # case -> (the stage that fails, how to make it fail cheaply)
 @pytest.fixture(scope="module")
 def failing_home(tmp_path_factory, prefect_api):
     from temper.core.settings import get_settings
+    from tests.integration.conftest import without_retry_waits
 
     with pytest.MonkeyPatch.context() as mp:
+        without_retry_waits(mp)  # each case fails on every attempt; the attempts are counted below
         _env(mp, tmp_path_factory.mktemp("home-failing"), None)
         assert main(["data", "generate", *(f"--domain={d}" for d in DOMAINS)]) == 0
         yield mp

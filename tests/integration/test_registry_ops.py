@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import re
 import uuid
 
@@ -408,3 +409,66 @@ def test_promote_and_rollback_flows(tracked, model, prefect_api):
     state = rollback_model(RollbackParams(model_name=model), return_state=True)
     assert state.is_failed() and "no previous holder" in str(state.message)
     assert aliases(model)["champion"] == "1"
+
+
+def _promote_rounds(model: str, i: int, rounds: int, barrier, out) -> None:
+    """One promoting process (spawned: its own interpreter, MLflow client and store connection).
+    Each round it waits for the others, then force-promotes v1 or v2 (alternating by process)."""
+    from temper.registry.aliases import promote
+
+    for r in range(rounds):
+        barrier.wait(timeout=600)
+        try:
+            ch = promote(model, "2" if (i + r) % 2 else "1", reason=f"parallel {i}.{r}", force=True)
+            out.put((i, r, ch.changed, ch.event.seq if ch.event else None, ch.version, ch.previous, None))
+        except Exception as e:  # reported to the parent, asserted there
+            out.put((i, r, None, None, None, None, f"{type(e).__name__}: {e}"))
+
+
+PARALLEL_PROCESSES = 6
+PARALLEL_ROUNDS = int(os.environ.get("TEMPER_TEST_PROMOTE_ROUNDS", "2"))  # more rounds = more chances to collide
+
+
+def test_concurrent_promotions_get_distinct_sequence_numbers(tracked, model):
+    """Was: two promotions at once both wrote temper.audit.champion.<N+1>; one event lost.
+
+    Real processes (spawned, as two operators' CLIs or a flow and a CLI would be), all promoting
+    against the same store: every change gets its own sequence number, the trail has no gap and
+    no lost event, each event starts where the last ended, and the alias is where the trail says.
+    """
+    import multiprocessing
+
+    from mlflow.tracking import MlflowClient
+
+    from temper.registry.aliases import audit_trail
+    from temper.registry.audit import holder_stack
+
+    register(model, GOOD, passed=True)
+    register(model, BETTER, passed=False)
+    start = len(audit_trail(model))
+    ctx = multiprocessing.get_context("spawn")  # inherits os.environ: TEMPER_HOME and the tracking URI
+    barrier, out = ctx.Barrier(PARALLEL_PROCESSES), ctx.Queue()
+    procs = [ctx.Process(target=_promote_rounds, args=(model, i, PARALLEL_ROUNDS, barrier, out))
+             for i in range(PARALLEL_PROCESSES)]
+    for p in procs:
+        p.start()
+    results = [out.get(timeout=900) for _ in range(PARALLEL_PROCESSES * PARALLEL_ROUNDS)]
+    for p in procs:
+        p.join(60)
+    assert [p.exitcode for p in procs] == [0] * PARALLEL_PROCESSES
+    assert not [r for r in results if r[6]], [r[6] for r in results if r[6]]
+    changed = [r for r in results if r[2]]
+    claimed = sorted(r[3] for r in changed)
+    assert len(set(claimed)) == len(claimed), f"sequence numbers claimed twice: {claimed}"
+    trail = audit_trail(model)
+    new = trail[start:]
+    assert [e.seq for e in new] == claimed  # every change has its event, none lost or overwritten
+    assert [e.seq for e in trail] == list(range(1, len(trail) + 1))  # distinct and gap-free
+    by_seq = {r[3]: r for r in changed}
+    for e in new:  # each event is the move its process made
+        assert (e.version, e.previous) == (by_seq[e.seq][4], by_seq[e.seq][5])
+    for prev, e in zip(trail, trail[1:]):  # each move starts where the last one ended
+        assert e.previous == prev.version
+    holder = str(MlflowClient().get_model_version_by_alias(model, "champion").version)
+    assert holder_stack(trail)[-1] == trail[-1].version == holder
+    assert not [m for m in MlflowClient().search_registered_models() if m.name.startswith("temper-lock.")]

@@ -25,10 +25,10 @@ CHROMIUM = Path("/usr/bin/chromium")
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent.parent
 MODEL = "temper-ui-test"
-# Small enough for about a minute of training and eval; one rank (no DeepSpeed launch): the
-# two-rank ZeRO-3 path is test_flow_post_training's, this test is about the UI driving a run.
-SMALL = {"model_name": MODEL, "domains": ["arithmetic", "multiplication"], "sft": {"max_steps": 10},
-         "grpo": {"max_steps": 2}, "eval": {"limit": 8}, "world_size": 1}
+# The smallest whole run (one GRPO step, one rank, no SFT stage, 4 eval items): the two-rank ZeRO-3
+# path and SFT are test_flow_post_training's; this test is about the UI driving a run to its end.
+SMALL = {"model_name": MODEL, "domains": ["arithmetic", "multiplication"], "sft": {"enabled": False},
+         "grpo": {"max_steps": 1}, "eval": {"limit": 4}, "world_size": 1}
 DEPLOYMENT_TIMEOUT_S = 120  # serve process up and the deployment registered
 RUN_TIMEOUT_S = 300  # the flow run from the click to a final state
 UI_TIMEOUT_MS = 30_000  # one UI step (page load, element visible)
