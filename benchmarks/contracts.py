@@ -35,7 +35,7 @@ def bench_domains(sizes: list[int]) -> list[tuple]:
     from temper.data.catalog import load_catalog
     from temper.data.generators import generate_domain_dataset
     from temper.core.settings import get_settings
-    from temper.data.validation import validate_domains
+    from temper.lifecycle.validation import validate_domains
 
     rows = []
     with tempfile.TemporaryDirectory() as tmp:

@@ -101,7 +101,7 @@ def bench_validation(domains) -> tuple[float, float]:
     from data_contracts.model import load_contracts
     from temper.data.datasets import load_dataset
     from temper.core.settings import get_settings
-    from temper.data.validation import validate_domains
+    from temper.lifecycle.validation import validate_domains
 
     settings = get_settings()
     gx_s, summary = timed(validate_domains, domains, build_docs=False)

@@ -30,10 +30,10 @@ from tasks.registry import champion, close_lifecycle, fail_lifecycle, gate, open
 from tasks.training import prepare_base_model, train_stage
 from temper.core.errors import ContractViolation
 from temper.data.catalog import split_by_role
-from temper.data.validation import validation_workers
 from temper.lifecycle.params import PostTrainingParams
 from temper.lifecycle.report import domain_csv, domain_rows, post_training_markdown, run_link, validation_markdown
 from temper.lifecycle.resume import process_tag, run_key_of, run_tag
+from temper.lifecycle.validation import validation_workers
 
 REPORT_KEY = "post-training-report"
 

@@ -13,7 +13,7 @@ from tasks.data import resolve_domains, validate_domain
 from tasks.tracking import record_validation
 from temper.lifecycle.params import ValidateParams
 from temper.lifecycle.report import validation_markdown
-from temper.data.validation import validation_workers
+from temper.lifecycle.validation import validation_workers
 
 
 @flow(name="validate_data", log_prints=True)

@@ -64,7 +64,7 @@ def validate_domain(ref: DomainRef, workers: int = 1) -> DomainReport:
     ``workers``: processes shared by all of the flow's validation tasks (``validation_workers``).
     """
     # lazy: fsspec (60 ms), via validation, would load whenever flows.evaluate is imported
-    from temper.data.validation import shared_validator
+    from temper.lifecycle.validation import shared_validator
 
     return shared_validator(workers).validate(ref.domain, ref.contract, get_settings())
 

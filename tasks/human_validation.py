@@ -20,6 +20,7 @@ from temper.data.datasets import load_dataset
 from temper.judges import JudgeError
 from temper.judges.calibration import CalibrationPolicy, agreement, log_calibration
 from temper.judges.labels import write_labels
+from temper.judges.params import parse_params
 from temper.judges.review import (
     HumanValidationParams,
     JudgedItem,
@@ -29,7 +30,6 @@ from temper.judges.review import (
     sample_records,
 )
 from temper.judges.rubric import Rubric
-from temper.verifiers.families.judge import parse_params
 from temper.verifiers.registry import get_verifier
 
 

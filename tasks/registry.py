@@ -16,10 +16,10 @@ from temper.core.errors import TemperError
 from temper.core.settings import get_settings
 from temper.data.catalog import load_catalog
 from temper.data.datasets import load_dataset
-from temper.data.validation import log_validated_datasets
 from temper.lifecycle.params import PostTrainingParams
 from temper.lifecycle.resume import run_key_of
 from temper.lifecycle.report import post_training_markdown, run_link
+from temper.lifecycle.validation import log_validated_datasets
 from temper.registry.gate import GateDecision, PromotionPolicy, decide
 from temper.registry.model_store import DEFAULT_EXAMPLE, EvalMetrics, LoggedModel, log_hf_model, reusable_logged_model
 from temper.registry.registration import (

@@ -9,7 +9,7 @@ from infra import lineage
 from temper.core.errors import TrackingUnreachable
 from temper.core.settings import get_settings
 from temper.data.catalog import load_catalog
-from temper.data.validation import ValidationSummary, track_validation
+from temper.lifecycle.validation import ValidationSummary, track_validation
 
 
 def not_an_outage(task, task_run, state) -> bool:

@@ -77,7 +77,7 @@ def generate(args) -> int:
 
 def validate(args) -> int:
     # lazy: great_expectations+pandas+pydantic_settings+... (4.0 s), via validation, would load at every `temper` start-up
-    from temper.data.validation import format_report, track_validation, validate_domains
+    from temper.lifecycle.validation import format_report, track_validation, validate_domains
 
     domains = _domains(args)
     if args.track:

@@ -19,42 +19,17 @@ import pandas as pd
 from infra.storage import exists
 from temper.core.errors import DatasetError
 from temper.core.settings import Settings, get_settings
-from temper.data import generators_agentic, generators_long_context
+from temper.data import generators_agentic, generators_long_context, generators_open_ended
 from temper.data.datasets import dataset_digest, parse_dataset, write_dataset
 from temper.data.domain import Domain
 from temper.data.formats.bfcl import bfcl_frame
 from temper.data.formats.humaneval import humaneval_frame
 from temper.data.formats.nl2bash import vendored_frame
+from temper.data.frames import seeded_frame
 from temper.data.pack_data import PackResult, generate_pack_datasets
 from temper.data.packs_reasoning_gym import generate_many
 
-GeneratorFn = Callable[[random.Random, int], dict[str, Any]]
-GENERATORS: dict[str, Callable[..., pd.DataFrame]] = {}
 
-
-def generator(name: str):
-    def wrap(fn):
-        GENERATORS[name] = fn
-        return fn
-
-    return wrap
-
-
-def _split(rng: random.Random, eval_fraction: float) -> str:
-    return "eval" if rng.random() < eval_fraction else "train"
-
-
-def _frame(prefix: str, rows: int, seed: int, eval_fraction: float, make: GeneratorFn) -> pd.DataFrame:
-    rng = random.Random(f"{prefix}:{seed}")
-    records = []
-    for i in range(rows):
-        rec = {"id": f"{prefix}-{seed}-{i:06d}", **make(rng, i)}
-        rec["split"] = _split(rng, eval_fraction)
-        records.append(rec)
-    return pd.DataFrame.from_records(records)
-
-
-@generator("arithmetic")
 def arithmetic(rows: int, seed: int = 0, eval_fraction: float = 0.1, max_operand: int = 20,
                ops: str = "+-*") -> pd.DataFrame:
     def make(rng: random.Random, _: int) -> dict[str, Any]:
@@ -62,7 +37,7 @@ def arithmetic(rows: int, seed: int = 0, eval_fraction: float = 0.1, max_operand
         answer = {"+": a + b, "-": a - b, "*": a * b}[op]
         return {"question": f"{a} {op} {b}", "answer": str(answer), "reference": str(answer)}
 
-    return _frame("arith", rows, seed, eval_fraction, make)
+    return seeded_frame("arith", rows, seed, eval_fraction, make)
 
 
 # (name, signature args, docstring, body, test cases as (args, expected)), parameterised by k.
@@ -85,7 +60,6 @@ _FUNCTIONS: list[Callable[[int], tuple[str, str, str, str, list[tuple[str, Any]]
 ]
 
 
-@generator("python_functions")
 def python_functions(rows: int, seed: int = 0, eval_fraction: float = 0.1) -> pd.DataFrame:
     def make(rng: random.Random, _: int) -> dict[str, Any]:
         k = rng.randint(2, 9)
@@ -97,7 +71,7 @@ def python_functions(rows: int, seed: int = 0, eval_fraction: float = 0.1) -> pd
         return {"prompt": prompt, "canonical_solution": body, "test": test, "entry_point": name,
                 "reference": body}
 
-    return _frame("pyfn", rows, seed, eval_fraction, make)
+    return seeded_frame("pyfn", rows, seed, eval_fraction, make)
 
 
 _VENDORS = ["Acme Tools GmbH", "Blue River Foods", "Nordlicht Media", "Sierra Parts Inc.", "Kato Electric"]
@@ -109,7 +83,6 @@ _LAYOUTS = [
 ]
 
 
-@generator("invoice_extraction")
 def invoice_extraction(rows: int, seed: int = 0, eval_fraction: float = 0.1) -> pd.DataFrame:
     def make(rng: random.Random, _: int) -> dict[str, Any]:
         items = [(rng.choice(["bolts", "paper", "cable", "coffee", "license"]), rng.randint(1, 9),
@@ -127,7 +100,7 @@ def invoice_extraction(rows: int, seed: int = 0, eval_fraction: float = 0.1) -> 
         expected = json.dumps(fields, sort_keys=True)
         return {"document": document, "expected": expected, "reference": expected}
 
-    return _frame("inv", rows, seed, eval_fraction, make)
+    return seeded_frame("inv", rows, seed, eval_fraction, make)
 
 
 _TOOLS = [
@@ -167,7 +140,6 @@ def _call(rng: random.Random) -> tuple[str, str, dict[str, Any], dict[str, list[
         {"origin": [o], "destination": [d], "date": [date]}
 
 
-@generator("tool_calls")
 def tool_calls(rows: int, seed: int = 0, eval_fraction: float = 0.1, parallel_fraction: float = 0.2) -> pd.DataFrame:
     def make(rng: random.Random, _: int) -> dict[str, Any]:
         n = 2 if rng.random() < parallel_fraction else 1
@@ -184,7 +156,7 @@ def tool_calls(rows: int, seed: int = 0, eval_fraction: float = 0.1, parallel_fr
             "reference": json.dumps([{"name": c[1], "arguments": c[2]} for c in calls], sort_keys=True),
         }
 
-    return _frame("tool", rows, seed, eval_fraction, make)
+    return seeded_frame("tool", rows, seed, eval_fraction, make)
 
 
 _WORDS = ["alpha", "beta", "gamma", "delta", "omega", "sigma"]
@@ -209,16 +181,14 @@ def _shell_task(rng: random.Random) -> tuple[str, str, str, str]:
             f'[ -z "$(ls logs/*.log 2>/dev/null)" ] && [ "$(ls logs | wc -l)" = "{n}" ]', "rm -f logs/*.log")
 
 
-@generator("shell_tasks")
 def shell_tasks(rows: int, seed: int = 0, eval_fraction: float = 0.1) -> pd.DataFrame:
     def make(rng: random.Random, _: int) -> dict[str, Any]:
         instruction, setup, check, solution = _shell_task(rng)
         return {"instruction": instruction, "setup": setup, "check": check, "reference": solution}
 
-    return _frame("sh", rows, seed, eval_fraction, make)
+    return seeded_frame("sh", rows, seed, eval_fraction, make)
 
 
-@generator("reasoning_gym")
 def reasoning_gym(rows: int, seed: int = 0, eval_fraction: float = 0.1, task: str = "", tier: str = "default",
                   name: str = "") -> pd.DataFrame:
     """One reasoning_gym pack domain (temper.data.packs), generated in a worker with a pinned hash seed.
@@ -238,7 +208,6 @@ def reasoning_gym(rows: int, seed: int = 0, eval_fraction: float = 0.1, task: st
         return parse_dataset(Path(out).read_bytes(), "jsonl", out)
 
 
-@generator("long_context")
 def long_context(rows: int, seed: int = 0, eval_fraction: float = 1.0, family: str = "retrieval",
                  lengths: list[int] = list(generators_long_context.DEFAULT_LENGTHS),
                  depths: list[float] = list(generators_long_context.DEFAULT_DEPTHS), tokenizer: str = "tiny") -> pd.DataFrame:
@@ -253,6 +222,47 @@ def long_context(rows: int, seed: int = 0, eval_fraction: float = 1.0, family: s
         raise DatasetError(f"generator long_context: {e}") from None
 
 
+# Public benchmarks: the data comes from an installed package through temper/data/formats (imported
+# only when generated, so loading the catalog never imports them).
+def humaneval(rows: int, seed: int = 0, eval_fraction: float = 1.0, **params: Any) -> pd.DataFrame:
+    return humaneval_frame(rows, seed, eval_fraction, **params)
+
+
+def bfcl(rows: int, seed: int = 0, eval_fraction: float = 1.0, **params: Any) -> pd.DataFrame:
+    return bfcl_frame(rows, seed, eval_fraction, **params)
+
+
+def nl2bash(rows: int, seed: int = 0, eval_fraction: float = 1.0, **params: Any) -> pd.DataFrame:
+    return vendored_frame(rows, seed, eval_fraction, **params)
+
+
+# Multi-step domains (episodes in environments): temper/data/generators_agentic.py.
+def file_tasks(rows: int, seed: int = 0, eval_fraction: float = 0.1) -> pd.DataFrame:
+    return generators_agentic.file_tasks(rows, seed, eval_fraction)
+
+
+def ledger_tasks(rows: int, seed: int = 0, eval_fraction: float = 0.1) -> pd.DataFrame:
+    return generators_agentic.ledger_tasks(rows, seed, eval_fraction)
+
+
+# The one list of generators: a domain's dataset.generator names one of these.
+GENERATORS: dict[str, Callable[..., pd.DataFrame]] = {
+    "arithmetic": arithmetic,
+    "python_functions": python_functions,
+    "invoice_extraction": invoice_extraction,
+    "tool_calls": tool_calls,
+    "shell_tasks": shell_tasks,
+    "summaries": generators_open_ended.summaries,
+    "reasoning_gym": reasoning_gym,
+    "long_context": long_context,
+    "humaneval": humaneval,
+    "bfcl": bfcl,
+    "nl2bash": nl2bash,
+    "file_tasks": file_tasks,
+    "ledger_tasks": ledger_tasks,
+}
+
+
 def generate(name: str, rows: int, seed: int, eval_fraction: float, params: dict[str, Any]) -> pd.DataFrame:
     try:
         fn = GENERATORS[name]
@@ -262,34 +272,6 @@ def generate(name: str, rows: int, seed: int, eval_fraction: float, params: dict
         return fn(rows=rows, seed=seed, eval_fraction=eval_fraction, **params)
     except TypeError as e:
         raise DatasetError(f"generator {name}: bad generator_params {params}: {e}") from None
-
-
-# Public benchmarks: the data comes from an installed package through temper/data/formats (imported
-# only when generated, so loading the catalog never imports them).
-@generator("humaneval")
-def humaneval(rows: int, seed: int = 0, eval_fraction: float = 1.0, **params: Any) -> pd.DataFrame:
-    return humaneval_frame(rows, seed, eval_fraction, **params)
-
-
-@generator("bfcl")
-def bfcl(rows: int, seed: int = 0, eval_fraction: float = 1.0, **params: Any) -> pd.DataFrame:
-    return bfcl_frame(rows, seed, eval_fraction, **params)
-
-
-@generator("nl2bash")
-def nl2bash(rows: int, seed: int = 0, eval_fraction: float = 1.0, **params: Any) -> pd.DataFrame:
-    return vendored_frame(rows, seed, eval_fraction, **params)
-
-
-# Multi-step domains (episodes in environments): temper/data/generators_agentic.py.
-@generator("file_tasks")
-def file_tasks(rows: int, seed: int = 0, eval_fraction: float = 0.1) -> pd.DataFrame:
-    return generators_agentic.file_tasks(rows, seed, eval_fraction)
-
-
-@generator("ledger_tasks")
-def ledger_tasks(rows: int, seed: int = 0, eval_fraction: float = 0.1) -> pd.DataFrame:
-    return generators_agentic.ledger_tasks(rows, seed, eval_fraction)
 
 
 def generate_domain_dataset(domain: Domain, settings: Settings | None = None, overwrite: bool = False) -> tuple[str, str, bool]:

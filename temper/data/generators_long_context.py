@@ -238,7 +238,7 @@ def token_counter(tokenizer: str = "tiny") -> Callable[[str], int]:
     # lazy: transformers (0.8 s) only when long-context data is generated
     from transformers import AutoTokenizer
 
-    from temper.training.tiny import build_tokenizer
+    from temper.core.tokenizer import build_tokenizer
 
     tok = build_tokenizer() if tokenizer == "tiny" else AutoTokenizer.from_pretrained(tokenizer)
     return lambda text: len(tok(text, add_special_tokens=False)["input_ids"])

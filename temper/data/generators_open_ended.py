@@ -14,7 +14,7 @@ from typing import Any
 
 import pandas as pd
 
-from temper.data.generators import _frame, generator
+from temper.data.frames import seeded_frame
 
 _COMPANIES = ["Acme Tools", "Blue River Foods", "Nordlicht Media", "Sierra Parts", "Kato Electric", "Lumen Bank"]
 _METRICS = ["revenue", "operating profit", "net sales", "orders"]
@@ -45,6 +45,5 @@ def _item(rng: random.Random) -> dict[str, Any]:
             "candidate_quality": quality}
 
 
-@generator("summaries")
 def summaries(rows: int, seed: int = 0, eval_fraction: float = 0.1) -> pd.DataFrame:
-    return _frame("sum", rows, seed, eval_fraction, lambda rng, _: _item(rng))
+    return seeded_frame("sum", rows, seed, eval_fraction, lambda rng, _: _item(rng))

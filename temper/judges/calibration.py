@@ -22,6 +22,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from temper.core.errors import TemperError
 from temper.judges.judge import Judge
+from temper.judges.params import parse_params
 from temper.judges.rubric import CalibrationOverrides, Rubric, Scale
 from temper.judges.stats import cohen_kappa, spearman
 
@@ -167,9 +168,6 @@ def calibration_status(domain_names: list[str], settings: "Settings | None" = No
 
 def domain_policy(domain: "Domain", policy: CalibrationPolicy) -> tuple[CalibrationPolicy, Rubric, str]:
     """A judge domain's effective thresholds, its rubric and its judge identity (raises on bad config)."""
-    # lazy: pandas+pydantic_settings+fsspec (510 ms), via judge, would load in fast unit tests (test_judges_calibration.py)
-    from temper.verifiers.families.judge import parse_params
-
     params, rubric = parse_params(domain.verifier.params)
     return policy.merged(rubric.calibration, params.calibration), rubric, Judge(params.judge).identity
 

@@ -1,2 +1,2 @@
-"""What the lifecycle flows share that is not a Prefect task: their typed parameters, the
-report, eval records in MLflow, and the retraining decision."""
+"""What the lifecycle flows share that is not a Prefect task: their typed parameters, dataset
+validation against data contracts, the report, eval records in MLflow, and the retraining decision."""

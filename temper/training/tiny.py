@@ -1,39 +1,12 @@
-"""A tiny randomly initialised Llama-style model with a locally built tokenizer.
-
-Nothing is downloaded: the tokenizer is a fixed character vocabulary (printable ASCII plus
-newline and tab) built with the ``tokenizers`` library, so any starter-domain text encodes
-without unknown tokens and the same vocabulary comes out on every machine. Characters make
-arithmetic learnable by a tiny model (one token per digit).
+"""A tiny randomly initialised Llama-style model with temper's character tokenizer
+(``temper.core.tokenizer``: nothing is downloaded, the same vocabulary on every machine).
 """
 
 from __future__ import annotations
 
-import string
 from pathlib import Path
 
-from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
-
-SPECIAL = ["<pad>", "<s>", "</s>", "<unk>"]
-CHARS = [c for c in string.printable if c not in "\r\x0b\x0c"]
-CHAT_TEMPLATE = (
-    "{% for message in messages %}{{ message['role'] }}: {{ message['content'] }}\n{% endfor %}"
-    "{% if add_generation_prompt %}assistant: {% endif %}"
-)
-
-
-def build_tokenizer():
-    # lazy: transformers (800 ms) would load whenever flows.post_training is imported
-    from transformers import PreTrainedTokenizerFast
-
-    vocab = {tok: i for i, tok in enumerate(SPECIAL + CHARS)}
-    tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
-    tok.pre_tokenizer = pre_tokenizers.Split(Regex(r"[\s\S]"), behavior="isolated")
-    tok.decoder = decoders.Fuse()
-    fast = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>",
-                                   pad_token="<pad>", unk_token="<unk>")
-    fast.chat_template = CHAT_TEMPLATE
-    fast.padding_side = "left"
-    return fast
+from temper.core.tokenizer import build_tokenizer
 
 
 def init_tiny(out: str | Path, hidden: int = 64, layers: int = 2, heads: int = 4, max_positions: int = 512,

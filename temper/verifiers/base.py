@@ -111,7 +111,7 @@ class Verifier:
     #: (``COMMON_PARAMS``). Anything else is refused when the verifier is built: a typo such as
     #: ``tolerence`` would otherwise be ignored and the domain would train with the default, and
     #: ``tolerance: "abc"`` would only fail at the first completion. None: the family types its params
-    #: itself (judge's JudgeVerifierParams).
+    #: itself (judge's, temper.judges.params.JudgeVerifierParams).
     known_params: ClassVar[dict[str, Any] | None] = {}
 
     def __init__(self, **params: Any) -> None:

@@ -1,3 +1,5 @@
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -21,6 +23,16 @@ def test_shipped_catalog_loads_all_starter_domains():
     catalog = load_catalog(REPO / "domains")
     assert {"arithmetic", "python_functions", "invoice_extraction", "tool_calls", "shell_tasks"} <= set(catalog)
     assert catalog["python_functions"].sandbox_profile == "python"
+
+
+def test_loading_the_catalog_imports_no_verifier_judge_or_sandbox():
+    """A Domain checks its verifier family by name (temper.data.verifier_families): loading every shipped
+    domain, packs included, imports none of the families, nor the judges and sandbox they use."""
+    code = ("import sys; from temper.data.catalog import load_catalog; load_catalog('domains'); "
+            "print(sorted(m for m in sys.modules if m.split('.')[:2] in (['temper', 'verifiers'], "
+            "['temper', 'judges'], ['infra', 'sandbox'])))")
+    out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"
 
 
 def test_malformed_yaml_names_file_and_line(tmp_path):

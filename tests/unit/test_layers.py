@@ -14,7 +14,10 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[2]
-PACKAGES = ("temper", "infra", "data_contracts", "workloads", "tasks", "flows")
+PACKAGES = ("temper", "infra", "data_contracts", "workloads", "tasks", "flows", "benchmarks")
+# The library's rooms; benchmarks/ are scripts over them (a function-level import there is how a
+# script picks what one measurement needs, so the `# lazy:` rule does not apply to them).
+LIBRARY = tuple(p for p in PACKAGES if p != "benchmarks")
 
 # room -> rooms it may import (itself is always allowed). A room is a top-level package, or
 # `temper.core` (the leaf everything may import: settings, errors, the config-file loader).
@@ -26,7 +29,14 @@ ALLOWED = {
     "workloads": {"temper.core", "temper", "infra", "data_contracts"},
     "tasks": {"temper.core", "temper", "infra", "data_contracts"},
     "flows": {"temper.core", "temper", "infra", "data_contracts", "tasks"},
+    "benchmarks": {"temper.core", "temper", "infra", "data_contracts", "workloads", "tasks", "flows"},
 }
+# The domain core inside `temper/`, bottom to top: a module imports its own room and the rooms below
+# it, never one above, whether at the top, in a function or under TYPE_CHECKING. Data (domains,
+# catalog, generators) needs nothing above it; judges read domains and datasets; verifier families
+# wrap judges and read data formats; training scores with verifiers; the lifecycle (validation
+# included: it checks each domain's verifier params) uses all of them.
+CORE_STACK = ("temper.data", "temper.judges", "temper.verifiers", "temper.training", "temper.lifecycle")
 # Modules that may import Prefect (and flows/, tasks/) besides flows/ and tasks/ themselves: the
 # CLI entry points that start flows or serve their deployments.
 PREFECT_ENTRY_POINTS = {"temper.commands.demo", "temper.commands.up", "temper.commands.resume",
@@ -44,8 +54,12 @@ def room(module: str) -> str:
     return "temper.core" if module == "temper.core" or module.startswith("temper.core.") else module.split(".")[0]
 
 
-def modules() -> dict[str, Path]:
-    return {module_name(p): p for pkg in PACKAGES for p in sorted((REPO / pkg).rglob("*.py"))}
+def modules(packages: tuple[str, ...] = PACKAGES) -> dict[str, Path]:
+    return {module_name(p): p for pkg in packages for p in sorted((REPO / pkg).rglob("*.py"))}
+
+
+def core_room(module: str) -> str | None:
+    return next((r for r in CORE_STACK if module == r or module.startswith(r + ".")), None)
 
 
 def imports_of(path: Path, name: str) -> set[str]:
@@ -86,10 +100,27 @@ def test_rooms_import_only_what_they_may(graph):
     assert not broken, "\n".join(sorted(broken))
 
 
+def test_domain_core_imports_only_downward(graph):
+    """No module of the domain core imports a room above its own in CORE_STACK."""
+    upward = []
+    for mod, imported in graph.items():
+        src = core_room(mod)
+        for target in imported if src else ():
+            dst = core_room(target)
+            if dst and CORE_STACK.index(dst) > CORE_STACK.index(src):
+                upward.append(f"{mod} imports {target} ({src} is below {dst})")
+    assert not upward, "upward imports in the domain core (" + " < ".join(CORE_STACK) + "):\n" + "\n".join(sorted(upward))
+
+
+def test_verifier_family_names_are_a_leaf(graph):
+    """A Domain checks its family against these names on every catalog load: they import nothing of the project."""
+    assert not [t for t in graph["temper.data.verifier_families"] if t.split(".")[0] in PACKAGES]
+
+
 def test_prefect_only_in_flows_tasks_and_flow_starting_commands(graph):
     users = sorted(m for m, imported in graph.items()
                    if any(t == "prefect" or t.startswith("prefect.") for t in imported)
-                   and room(m) not in ("flows", "tasks") and m not in PREFECT_ENTRY_POINTS)
+                   and room(m) not in ("flows", "tasks", "benchmarks") and m not in PREFECT_ENTRY_POINTS)
     assert users == [], f"Prefect imported outside flows/, tasks/ and flow-starting commands: {users}"
 
 
@@ -164,7 +195,7 @@ def test_function_level_imports_say_why_they_are_lazy():
     comment (on the comment lines right above its block, or on one of its lines), e.g. the seconds a
     library would add to every ``temper`` start-up. An unexplained one belongs at the top."""
     unexplained = []
-    for name, path in modules().items():
+    for name, path in modules(LIBRARY).items():
         lines = path.read_text().splitlines()
         for block in _function_import_blocks(ast.parse("\n".join(lines), filename=str(path))):
             first, last = block[0].lineno, block[-1].end_lineno

@@ -23,7 +23,6 @@ from temper.verifiers.families.matching import (
     numbers_match,
     parse_number,
 )
-from temper.verifiers.registry import register
 
 
 def token_f1(pred: str, gold: str) -> float:
@@ -45,7 +44,6 @@ def answer_span(completion: str) -> str:
     return line.strip().rstrip(".")
 
 
-@register
 class DocQAVerifier(Verifier):
     """params: answer_field ('answer'; str or list of aliases), document_field ('document'),
     tolerance (1e-6 relative), partial (false), grounded (false)."""

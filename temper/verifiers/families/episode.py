@@ -18,7 +18,6 @@ from pydantic import PositiveFloat, PositiveInt
 
 from temper.agent.environment import EpisodeLimits, action_texts, make_environment, play
 from temper.verifiers.base import Verdict, Verifier, not_judged
-from temper.verifiers.registry import register
 
 
 def episode_limits(params: dict[str, Any]) -> EpisodeLimits:
@@ -29,7 +28,6 @@ def episode_limits(params: dict[str, Any]) -> EpisodeLimits:
                          max_observation_chars=int(params.get("max_observation_chars", known.max_observation_chars)))
 
 
-@register
 class EpisodeVerifier(Verifier):
     """params: env ('files' | 'ledger'), max_turns, budget_s (wall clock per episode), step_timeout_s,
     max_observation_chars (observation shown to the model), turn_tokens (new tokens per model turn in

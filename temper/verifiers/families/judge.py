@@ -1,7 +1,7 @@
 """The ``judge`` family: a judge model scores open-ended responses against the domain's rubric.
 
-params (typed below): rubric (a name under rubrics/, a path, or an inline mapping), judge (a
-JudgeSpec: local ``model`` folder or ``base_url`` + ``endpoint_model``), prompt_template
+params (typed in temper.judges.params): rubric (a name under rubrics/, a path, or an inline
+mapping), judge (a JudgeSpec: local ``model`` folder or ``base_url`` + ``endpoint_model``), prompt_template
 (str.format over the record: what the judge is told the task was), reference_field (a
 record column shown to the judge as the reference answer), calibration (per-domain overrides
 of the calibration gate; read by temper.judges.calibration, not here).
@@ -18,50 +18,15 @@ import threading
 from collections import Counter
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
-
-# Registers the open-ended example generators (temper/data/generators.py has no plugin import yet):
-# loading any catalog imports the verifier families, so `temper data generate` finds them.
-import temper.data.generators_open_ended  # noqa: F401
-from temper.core.errors import describe_validation_error
-from temper.core.templates import template_columns
-from temper.judges import JudgeError, RubricError, UnparseableOutput
-from temper.judges.judge import Judge, JudgeResult, JudgeSpec
-from temper.judges.rubric import CalibrationOverrides, Rubric, resolve_rubric
+from temper.judges import JudgeError, UnparseableOutput
+from temper.judges.judge import Judge, JudgeResult
+from temper.judges.params import parse_params
 from temper.verifiers.base import Verdict, Verifier, not_judged
-from temper.verifiers.registry import register
 
 log = logging.getLogger(__name__)
 MAX_SKIPS_KEPT = 100
 
 
-class JudgeVerifierParams(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-    rubric: str | dict[str, Any] = Field(description="Rubric name (rubrics/<name>.yaml), path, or inline mapping.")
-    judge: JudgeSpec
-    prompt_template: str = Field(default="{prompt}",
-                                 description="The task as the judge sees it (str.format over the record).")
-    reference_field: str | None = Field(default=None, description="Record column shown to the judge as a reference.")
-    calibration: CalibrationOverrides = Field(default_factory=CalibrationOverrides)
-
-    @field_validator("prompt_template")
-    @classmethod
-    def _plain_columns(cls, v: str) -> str:
-        template_columns(v)  # no attribute or index lookups: a judge prompt must not reach interpreter internals
-        return v
-
-
-def parse_params(params: dict[str, Any]) -> tuple[JudgeVerifierParams, Rubric]:
-    """Typed params and the resolved rubric; a bad rubric or judge spec raises naming the field."""
-    try:
-        p = JudgeVerifierParams.model_validate(params)
-    except ValidationError as e:
-        raise RubricError(describe_validation_error("judge verifier params", e)) from None
-    return p, resolve_rubric(p.rubric)
-
-
-@register
 class JudgeVerifier(Verifier):
     family = "judge"
     known_params = None  # typed: JudgeVerifierParams refuses unknown fields itself

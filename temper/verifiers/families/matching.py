@@ -15,7 +15,6 @@ from typing import Any, Literal
 from pydantic import NonNegativeFloat
 
 from temper.verifiers.base import Verdict, Verifier, not_judged
-from temper.verifiers.registry import register
 
 #: Which number of a completion is its answer when nothing marks one (a boxed or "answer:" number wins).
 PICK = Literal["first", "last"]
@@ -85,7 +84,6 @@ def numbers_match(got: Fraction, gold: Fraction, tolerance: float, relative: boo
     return abs(got - gold) <= Fraction(tolerance) * scale
 
 
-@register
 class NumericVerifier(Verifier):
     """Reward 1 when the extracted answer equals ``record[answer_field]`` within ``tolerance``.
 
@@ -120,7 +118,6 @@ def normalize(text: str) -> str:
     return re.sub(r"\s+", " ", re.sub(r"[^\w\s]", "", text.lower())).strip()
 
 
-@register
 class ExactVerifier(Verifier):
     """mode: exact | normalized | regex.
 

@@ -31,7 +31,6 @@ from infra.sandbox import Session, shared_pool
 from infra.sandbox.pool import QueueTimeout
 from temper.verifiers.base import Verdict, Verifier, not_judged
 from temper.verifiers.pooled import PooledVerifier
-from temper.verifiers.registry import register
 
 log = logging.getLogger(__name__)
 
@@ -67,7 +66,6 @@ def _prelude(prompt: str) -> str:
     return ""
 
 
-@register
 class CodeTestsVerifier(PooledVerifier):
     """params: timeout_s (profile default 10), memory_mb, partial (default false: the benchmark's
     rule, 1 only when every assert passes; true: share of the asserts that a do-nothing candidate
@@ -127,7 +125,6 @@ def _lines(text: str, ordered: bool) -> list[str]:
     return lines if ordered else sorted(lines)
 
 
-@register
 class TerminalVerifier(Verifier):
     """params: timeout_s (per script), mode ('check' | 'output'), ordered (output mode: line order
     matters; default false), queue_timeout_s."""

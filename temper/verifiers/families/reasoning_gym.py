@@ -39,7 +39,6 @@ from infra.sandbox import shared_pool
 from infra.sandbox.api import PROFILES, Limits, Profile, ro_mount
 from temper.verifiers.base import Verdict, not_judged
 from temper.verifiers.pooled import PooledVerifier
-from temper.verifiers.registry import register
 
 log = logging.getLogger(__name__)
 
@@ -114,7 +113,6 @@ def extract(completion: str) -> str | None:
     return matches[-1].strip() if matches else None
 
 
-@register
 class ReasoningGymVerifier(PooledVerifier):
     family = "reasoning_gym"
     known_params = {"max_answer_chars": PositiveInt, "oracle_length_factor": PositiveFloat, "timeout_s": PositiveInt,

@@ -12,7 +12,6 @@ from pydantic import NonNegativeFloat
 from temper.data.formats.bfcl import ast_checker, decode_python_calls
 from temper.verifiers.base import Verdict, Verifier, not_judged
 from temper.verifiers.families.matching import normalize, parse_number
-from temper.verifiers.registry import register
 
 _DATE_FORMATS = ("%Y-%m-%d", "%Y/%m/%d", "%d.%m.%Y", "%m/%d/%Y", "%d %B %Y", "%B %d, %Y", "%d %b %Y", "%b %d, %Y")
 
@@ -75,7 +74,6 @@ def schema_errors(obj: dict, schema: dict | None, expected: dict, kinds: dict[st
     return errors
 
 
-@register
 class JSONExtractionVerifier(Verifier):
     """Partial credit: share of ``fields`` equal to ``record[expected_field]`` after normalization.
 
@@ -170,7 +168,6 @@ def call_problem(call: Any, truth: dict[str, dict[str, list[Any]]], required: di
     return None
 
 
-@register
 class ToolCallVerifier(Verifier):
     """BFCL-style AST match: every ground-truth call matched by exactly one predicted call, any order.
 
