@@ -20,8 +20,8 @@ from typing import TYPE_CHECKING
 
 from data_contracts.model import Contract, load_contracts
 from data_contracts.report import DomainReport
-from infra.lineage import log_dataset
 from infra.storage import join, put_dir
+from infra.tracking.runs import log_dataset
 from temper.core.errors import DatasetError
 from temper.core.settings import Settings, get_settings
 from temper.core.templates import template_columns

@@ -112,25 +112,27 @@ def log_calibration(domain: str, a: Agreement, policy: CalibrationPolicy, *, rub
     # lazy: mlflow+pydantic_settings (1.7 s), via lineage, would load in fast unit tests (test_judges_calibration.py)
     import mlflow
 
-    from infra import lineage
+    from infra.tracking.connection import configure
+    from infra.tracking.runs import close_run, log_dataset, open_run, resume_run
+    from temper.core.tag_names import TAG_KIND
 
-    lineage.configure(settings)
+    configure(settings)
     missed = shortfalls(a, policy)
     status: Status = "unverified" if missed else "verified"
     reason = "; ".join(missed)
-    tags = {lineage.TAG_KIND: "calibration", TAG_DOMAIN: domain, TAG_STATUS: status, TAG_REASON: reason[:4000],
+    tags = {TAG_KIND: "calibration", TAG_DOMAIN: domain, TAG_STATUS: status, TAG_REASON: reason[:4000],
             TAG_RUBRIC: rubric_digest, TAG_JUDGE: judge_id, TAG_LABELS: labels_sha256}
-    run_id = lineage.open_run(EXPERIMENT, f"calibrate-{domain}", tags=tags)
+    run_id = open_run(EXPERIMENT, f"calibrate-{domain}", tags=tags)
     try:
-        with lineage.resume_run(run_id):
+        with resume_run(run_id):
             metrics = {"n": float(a.n), "spearman": a.spearman, "kappa": a.kappa}
             mlflow.log_metrics({k: v for k, v in metrics.items() if math.isfinite(v)})
             mlflow.log_params(policy.model_dump())
-            lineage.log_dataset(f"human_labels/{domain}", labels, labels_uri, labels_sha256, context="calibration")
+            log_dataset(f"human_labels/{domain}", labels, labels_uri, labels_sha256, context="calibration")
     except BaseException:
-        lineage.close_run(run_id, "FAILED")
+        close_run(run_id, "FAILED")
         raise
-    lineage.close_run(run_id)
+    close_run(run_id)
     return CalibrationResult(domain=domain, status=status, n=a.n, spearman=a.spearman, kappa=a.kappa, run_id=run_id,
                              rubric_digest=rubric_digest, judge_id=judge_id, reason=reason)
 
@@ -140,9 +142,9 @@ def calibration_status(domain_names: list[str], settings: "Settings | None" = No
     # lazy: mlflow+pydantic_settings (1.7 s), via lineage, would load in fast unit tests (test_judges_calibration.py)
     from mlflow.tracking import MlflowClient
 
-    from infra import lineage
+    from infra.tracking.connection import configure
 
-    lineage.configure(settings)
+    configure(settings)
     client = MlflowClient()
     exp = client.get_experiment_by_name(EXPERIMENT)
     out: dict[str, CalibrationResult] = {}

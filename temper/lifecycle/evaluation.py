@@ -13,17 +13,17 @@ import json
 from collections import Counter
 from typing import Any
 
-from infra import lineage
+from infra.tracking.connection import configure, outage_named
+from infra.tracking.runs import keyed_runs, open_keyed_run
 from temper.agent import trajectories
 from temper.agent.environment import ENDINGS
+from temper.core.tag_names import TAG_KIND, TAG_SHA256, TAG_STAGE
 from temper.registry.effective_context import context_figure, effective_context
-from temper.registry.samples import CONTEXT_TAG
+from temper.registry.samples import CONTEXT_TAG, log_eval_samples
 from temper.registry.samples import DOMAIN_TAG as TAG_DOMAIN
 from temper.registry.samples import (
     LABEL_TAG as TAG_LABEL,  # 'base' or 'candidate': which model was scored
 )
-from temper.registry.samples import log_eval_samples
-
 
 EFFECTIVE_TAG = "temper.eval.effective_context"  # the effective context length, described, on a long-context eval run
 
@@ -37,11 +37,11 @@ def recorded_evals(parent_run_id: str, label: str, domains: list[str],
                    experiment: str = "post_training") -> list[dict[str, Any]] | None:
     """The summaries of an earlier attempt's finished eval runs of every domain, or None if one is missing:
     a continued run (`temper resume`) does not evaluate a model again when its results are all recorded."""
-    lineage.configure(wait=True)
+    configure(wait=True)
     out = []
-    with lineage.outage_named(f"the lookup of the {label} evals"):
+    with outage_named(f"the lookup of the {label} evals"):
         for domain in domains:
-            run = next((r for r in lineage.keyed_runs(experiment, eval_key(parent_run_id, label, domain))
+            run = next((r for r in keyed_runs(experiment, eval_key(parent_run_id, label, domain))
                         if r.info.status == "FINISHED"), None)
             if run is None:
                 return None
@@ -59,13 +59,13 @@ def record_eval(result: dict[str, Any], label: str, parent_run_id: str, experime
 
     Found by its key: an earlier attempt's FINISHED run of the same eval is returned as it is, a
     half-written one is replaced, so a lifecycle run has one eval run per (model, domain)."""
-    lineage.configure(wait=True)
-    with lineage.outage_named(f"the record of the {label} eval of {result['domain']}"):
-        run_id, existed = lineage.open_keyed_run(
+    configure(wait=True)
+    with outage_named(f"the record of the {label} eval of {result['domain']}"):
+        run_id, existed = open_keyed_run(
             experiment, eval_key(parent_run_id, label, result["domain"]), f"eval-{label}-{result['domain']}",
             parent_run_id=parent_run_id, fresh=True, tags={
-                lineage.TAG_KIND: "stage", lineage.TAG_STAGE: "eval", TAG_DOMAIN: result["domain"], TAG_LABEL: label,
-                lineage.TAG_SHA256: result["dataset_sha256"]}
+                TAG_KIND: "stage", TAG_STAGE: "eval", TAG_DOMAIN: result["domain"], TAG_LABEL: label,
+                TAG_SHA256: result["dataset_sha256"]}
             | ({CONTEXT_TAG: "true"} if result.get("context_lengths") else {}))
         if not existed:
             _log_eval(run_id, result)

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from infra.lineage import MLFLOW_DIGEST_LEN
+from infra.tracking.runs import MLFLOW_DIGEST_LEN
 from temper.core.errors import TrackingError
 from temper.registry.samples import lifecycle_run_id
 

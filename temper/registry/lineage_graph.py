@@ -2,7 +2,7 @@
 
     datasets -> contract validation -> SFT run -> GRPO run -> eval runs -> model version -> aliases
 
-``infra.lineage.lineage_tree`` walks *up* from a run (run -> parent -> datasets). A reviewer
+``infra.tracking.tree.lineage_tree`` walks *up* from a run (run -> parent -> datasets). A reviewer
 also wants the *siblings*: the stage runs under the same lifecycle run (validate, sft, grpo,
 eval), which is what this module adds. Building (``build_graph``) talks to MLflow; assembling
 (``assemble``) and rendering are plain functions over plain data, so they are unit-testable.
@@ -27,8 +27,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from infra import lineage
-from infra.lineage import TAG_BASE_MODEL, TAG_CONFIG_HASH, TAG_GIT, TAG_STAGE, DatasetRef, RunNode
+from infra.tracking.tree import DatasetRef, RunNode, lineage_tree
+from temper.core.tag_names import TAG_BASE_MODEL, TAG_CONFIG_HASH, TAG_GIT, TAG_STAGE
 from temper.registry.samples import is_version_eval, lifecycle_run_id, stage_runs
 from temper.registry.store import aliases_of, client, version_of
 from temper.registry.tags import parse_eval_tags
@@ -211,13 +211,13 @@ def assemble(ref: str, version: VersionInfo | None, lifecycle: RunNode | None, s
 
 def _lifecycle(lifecycle_id: str) -> tuple[RunNode, list[RunNode]]:
     """A lifecycle run and its stage runs, each with its datasets."""
-    return (lineage.lineage_tree(lifecycle_id).run,
-            [lineage.lineage_tree(r.info.run_id).run for r in stage_runs(lifecycle_id)])
+    return (lineage_tree(lifecycle_id).run,
+            [lineage_tree(r.info.run_id).run for r in stage_runs(lifecycle_id)])
 
 
 def _run_graph(ref: str) -> LineageGraph:
     """The graph of a run id: the lifecycle of the run's topmost parent, with the run in it."""
-    focus = lineage.lineage_tree(ref).run
+    focus = lineage_tree(ref).run
     root = focus
     while root.parent is not None:
         root = root.parent

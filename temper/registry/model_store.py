@@ -64,7 +64,7 @@ def _dataset_entity(m: EvalMetrics) -> Any:
     from mlflow.data.dataset_source_registry import resolve_dataset_source
     from mlflow.entities import Dataset
 
-    from infra.lineage import MLFLOW_DIGEST_LEN
+    from infra.tracking.runs import MLFLOW_DIGEST_LEN
 
     source = resolve_dataset_source(m.dataset_uri)
     return Dataset(name=m.domain, digest=m.dataset_sha256[:MLFLOW_DIGEST_LEN], source_type=source._get_source_type(),

@@ -88,9 +88,9 @@ def _iso(ms: int | None) -> str:
 def _datasets_of(model: str, version: str) -> list[dict[str, str]]:
     """Datasets on the version's run and its ancestors (the lifecycle run holds the training data)."""
     # lazy: pydantic_settings (130 ms), via lineage, would load in fast unit tests (test_training_charts.py)
-    from infra import lineage
+    from infra.tracking.tree import lineage_tree
 
-    node = lineage.lineage_tree(f"{model}/{version}").run
+    node = lineage_tree(f"{model}/{version}").run
     seen: dict[tuple[str, str], dict[str, str]] = {}
     while node is not None:
         for d in node.datasets:

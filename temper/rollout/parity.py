@@ -97,7 +97,7 @@ def register_serving_profiles(model_name: str, source: str, report: ParityReport
                               run_id: str | None = None, alias: str = "serving") -> dict[str, Any]:
     """Two versions of ``model_name``: ``<alias>-standard`` and, if the gate passed, ``<alias>-fast``.
 
-    MLflow must already point at the tracking store (``infra.lineage.configure``).
+    MLflow must already point at the tracking store (``infra.tracking.connection.configure``).
     """
     client = MlflowClient()
     ensure_registered_model(client, model_name)

@@ -36,7 +36,7 @@ def _params(**kw):
 
 
 def _env(mp: pytest.MonkeyPatch, home, uri: str | None) -> str:
-    from infra import lineage
+    from infra.tracking.connection import configure
     from temper.core.settings import get_settings
 
     mp.setenv("TEMPER_HOME", str(home))
@@ -46,7 +46,7 @@ def _env(mp: pytest.MonkeyPatch, home, uri: str | None) -> str:
     if uri:
         mp.setenv("TEMPER_TRACKING_URI", uri)
     get_settings.cache_clear()
-    resolved = lineage.configure()
+    resolved = configure()
     mp.setenv("MLFLOW_TRACKING_URI", resolved)
     return resolved
 

@@ -46,7 +46,7 @@ def model():
 
 
 def _tracking_env(mp: pytest.MonkeyPatch, store: tuple[str, str | None]) -> None:
-    from infra import lineage
+    from infra.tracking.connection import configure
     from temper.core.settings import get_settings
 
     home, uri = store
@@ -56,7 +56,7 @@ def _tracking_env(mp: pytest.MonkeyPatch, store: tuple[str, str | None]) -> None
     if uri:
         mp.setenv("TEMPER_TRACKING_URI", uri)
     get_settings.cache_clear()
-    mp.setenv("MLFLOW_TRACKING_URI", lineage.configure())
+    mp.setenv("MLFLOW_TRACKING_URI", configure())
 
 
 def rewards(passed_ids: range | list[int]) -> list[float]:
@@ -75,46 +75,47 @@ def register(model: str, evals: dict[str, list[float]], *, passed: bool, samples
     import mlflow
     import pandas as pd
 
-    from infra import lineage
+    from infra.tracking.runs import close_run, log_dataset, open_run, resume_run
+    from temper.core.tag_names import TAG_BASE_MODEL, TAG_KIND, TAG_STAGE
     from temper.registry.gate import GateDecision
     from temper.registry.registration import register_version
     from temper.registry.samples import log_eval_samples
 
     frame = pd.DataFrame({"prompt": ["p"], "answer": ["a"]})
-    parent = lineage.open_run("post_training", f"{model}-lifecycle", tags={
-        lineage.TAG_KIND: "lifecycle", lineage.TAG_BASE_MODEL: "tiny"})
-    with lineage.resume_run(parent):
+    parent = open_run("post_training", f"{model}-lifecycle", tags={
+        TAG_KIND: "lifecycle", TAG_BASE_MODEL: "tiny"})
+    with resume_run(parent):
         for d in evals:
-            lineage.log_dataset(d, frame, f"/store/datasets/{d}.jsonl", digest(d))
+            log_dataset(d, frame, f"/store/datasets/{d}.jsonl", digest(d))
         mlflow.set_tag("temper.data.validation", "pass")
-    stage_tags = {lineage.TAG_KIND: "stage"}
+    stage_tags = {TAG_KIND: "stage"}
     for stage in ("sft", "grpo"):
-        run_id = lineage.open_run("post_training", f"{stage}-{model}", parent_run_id=parent,
-                                  tags={**stage_tags, lineage.TAG_STAGE: stage})
+        run_id = open_run("post_training", f"{stage}-{model}", parent_run_id=parent,
+                                  tags={**stage_tags, TAG_STAGE: stage})
         if stage == "sft" and unvalidated:
             with mlflow.start_run(run_id=run_id):
-                lineage.log_dataset(unvalidated, frame, f"/tmp/{unvalidated}.jsonl", digest(unvalidated))
-        lineage.close_run(run_id)
+                log_dataset(unvalidated, frame, f"/tmp/{unvalidated}.jsonl", digest(unvalidated))
+        close_run(run_id)
     results = {}
     for d, rs in evals.items():
         results[d] = {"mean_reward": sum(rs) / len(rs), "pass_rate": sum(r >= 1.0 for r in rs) / len(rs), "n": len(rs)}
-        run_id = lineage.open_run("post_training", f"eval-{d}", parent_run_id=parent,
-                                  tags={**stage_tags, lineage.TAG_STAGE: "eval", "temper.domain": d})
+        run_id = open_run("post_training", f"eval-{d}", parent_run_id=parent,
+                                  tags={**stage_tags, TAG_STAGE: "eval", "temper.domain": d})
         if samples is True or (samples and d in samples):
             with mlflow.start_run(run_id=run_id):
                 log_eval_samples(d, [(f"{d}-{i}", r) for i, r in enumerate(rs)])
-        lineage.close_run(run_id)
+        close_run(run_id)
     # the register stage as tasks.registry.register does it (not imported: it pulls in GX, ~10 s here)
-    run_id = lineage.open_run("post_training", "register", parent_run_id=parent,
-                              tags={**stage_tags, lineage.TAG_STAGE: "register", lineage.TAG_BASE_MODEL: "tiny"})
+    run_id = open_run("post_training", "register", parent_run_id=parent,
+                              tags={**stage_tags, TAG_STAGE: "register", TAG_BASE_MODEL: "tiny"})
     with mlflow.start_run(run_id=run_id) as run:
         mlflow.log_text("{}", "model/config.json")
         source = f"{run.info.artifact_uri.rstrip('/')}/model"
     out = register_version(model, source, run_id, eval_results=results,
                            decision=GateDecision(passed=passed, reason="test gate"), alias="champion",
                            fallback_alias="candidate",
-                           tags={lineage.TAG_BASE_MODEL: "tiny", "temper.lifecycle_run": parent})
-    lineage.close_run(parent)
+                           tags={TAG_BASE_MODEL: "tiny", "temper.lifecycle_run": parent})
+    close_run(parent)
     return out["version"]
 
 

@@ -69,7 +69,7 @@ def test_both_profiles_are_registered_and_a_blocked_fast_one_gets_no_serving_ali
     from mlflow.exceptions import MlflowException
     from mlflow.tracking import MlflowClient
 
-    from infra.lineage import configure
+    from infra.tracking.connection import configure
 
     configure()
     ok = parity_gate(standard, fast_engine(standard, models[1]), PROMPTS[:2], max_tokens=8)

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from infra.lineage import DatasetRef, RunNode
+from infra.tracking.tree import DatasetRef, RunNode
 from temper.registry.aliases import PromoteParams, RollbackParams
 from temper.registry.audit import AuditEvent, audit_events, holder_stack, rollback_target
 from temper.registry.bootstrap import bootstrap_delta
@@ -99,8 +99,9 @@ def test_params_validate_what_the_ui_form_would_send():
     with pytest.raises(ValueError, match="reason"):
         PromoteParams(model_name="m", version="2", reason="")
     assert RollbackParams(model_name="m").alias == "champion"
-    from flows.registry_ops import promote_model, rollback_model
     from prefect.utilities.callables import parameter_schema
+
+    from flows.registry_ops import promote_model, rollback_model
 
     schema = parameter_schema(promote_model.fn).model_dump()
     assert schema["required"] == ["params"]
