@@ -15,7 +15,7 @@ from tasks.data import resolve_domains
 from tasks.evaluation import evaluate as evaluate_suite
 from tasks.evaluation import fetch_model, tag_version
 from temper.core.errors import TemperError
-from temper.core.tag_names import TAG_KIND
+from temper.core.tag_names import TAG_KIND, TAG_MODEL_VERSION
 from temper.lifecycle.params import EvaluateParams
 from temper.lifecycle.report import before_after_markdown
 
@@ -32,7 +32,7 @@ def evaluate(params: EvaluateParams = EvaluateParams()) -> dict:
         raise TemperError(f"{params.model_name}@{params.version} has no eval results yet: name the domains to evaluate")
     configure()
     run_id = open_run("evaluate", f"evaluate-{params.model_name}-v{model['version']}",
-                              tags={TAG_KIND: "lifecycle", "temper.model_version": model["version"]})
+                              tags={TAG_KIND: "lifecycle", TAG_MODEL_VERSION: model["version"]})
     results = evaluate_suite(model["model_dir"], suite, params.eval, f"v{model['version']}", run_id)
     tag_version(params.model_name, model["version"], results)
     means = {r["domain"]: r["mean_reward"] for r in results}

@@ -15,7 +15,22 @@ from infra.tracking.runs import close_run, code_version, config_hash, open_keyed
 from tasks.tracking import MLFLOW_RETRY
 from temper.core.errors import TemperError
 from temper.core.settings import get_settings
-from temper.core.tag_names import TAG_BASE_MODEL, TAG_CONFIG_HASH, TAG_GIT, TAG_KIND, TAG_RECORD, TAG_SHA256, TAG_STAGE
+from temper.core.tag_names import (
+    CONTEXT_EVALUATION,
+    CONTEXT_TRAINING,
+    TAG_BASE_MODEL,
+    TAG_CONFIG_HASH,
+    TAG_DATA_VALIDATION,
+    TAG_FAILED_STAGE,
+    TAG_FLOW_RUN,
+    TAG_FORMAT,
+    TAG_GIT,
+    TAG_KIND,
+    TAG_LIFECYCLE_RUN,
+    TAG_RECORD,
+    TAG_SHA256,
+    TAG_STAGE,
+)
 from temper.data.catalog import load_catalog
 from temper.data.datasets import load_dataset
 from temper.data.validation import log_validated_datasets
@@ -33,8 +48,6 @@ from temper.registry.registration import (
     run_curves,
     run_samples,
 )
-
-FLOW_RUN_TAG = "temper.prefect_flow_run"  # on the lifecycle run: the Prefect flow run that last worked on it
 
 
 @task(**MLFLOW_RETRY)
@@ -55,18 +68,18 @@ def open_lifecycle(params: PostTrainingParams, run_name: str, reports: list[Doma
     configure(settings, wait=True)
     run_id, existed = open_keyed_run("post_training", run_name, run_name, tags={
         TAG_KIND: "lifecycle", TAG_CONFIG_HASH: config_hash(params),
-        TAG_BASE_MODEL: params.base_model, FLOW_RUN_TAG: str(flow_run.get_id() or "local")})
+        TAG_BASE_MODEL: params.base_model, TAG_FLOW_RUN: str(flow_run.get_id() or "local")})
     if existed:
         get_run_logger().info("lifecycle run %s (%s) continued", run_id, run_name)
-        if "temper.data.validation" in MlflowClient().get_run(run_id).data.tags:  # the tag is written last
+        if TAG_DATA_VALIDATION in MlflowClient().get_run(run_id).data.tags:  # the tag is written last
             return run_id  # its params and datasets are the same run's: logged by the attempt that opened it
     catalog = load_catalog(settings.catalog_dir)
     with resume_run(run_id):
         mlflow.log_dict(params.model_dump(mode="json"), "params.json")
-        for context, chosen in (("training", [r for r in reports if r.domain not in eval_only]),
-                                ("evaluation", [r for r in reports if r.domain in eval_only])):
+        for context, chosen in ((CONTEXT_TRAINING, [r for r in reports if r.domain not in eval_only]),
+                                (CONTEXT_EVALUATION, [r for r in reports if r.domain in eval_only])):
             log_validated_datasets(chosen, [catalog[r.domain] for r in chosen], context, settings)
-        mlflow.set_tag("temper.data.validation", "pass" if all(r.success for r in reports) else "fail")
+        mlflow.set_tag(TAG_DATA_VALIDATION, "pass" if all(r.success for r in reports) else "fail")
     return run_id
 
 
@@ -152,7 +165,7 @@ def _fail_lifecycle(flow_run, state) -> None:
             failed=f"{failed}: {state.message}")
         with resume_run(run.info.run_id):
             mlflow.log_text(markdown, "report.md")
-            mlflow.set_tag("temper.failed_stage", failed)
+            mlflow.set_tag(TAG_FAILED_STAGE, failed)
         close_run(run.info.run_id, "FAILED")
 
 
@@ -251,4 +264,4 @@ def register(params: PostTrainingParams, model_dir: str, parent_run_id: str, eva
                             eval_results=eval_results, decision=decision, alias=params.promotion.alias,
                             fallback_alias=params.promotion.fallback_alias,
                             tags={TAG_BASE_MODEL: params.base_model, TAG_GIT: code_version(),
-                                  "temper.lifecycle_run": parent_run_id, "temper.format": "mlflow-transformers"})
+                                  TAG_LIFECYCLE_RUN: parent_run_id, TAG_FORMAT: "mlflow-transformers"})

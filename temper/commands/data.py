@@ -81,7 +81,7 @@ def validate(args) -> int:
 
     domains = _domains(args)
     if args.track:
-        # lazy: pydantic_settings (130 ms), via lineage, would load at every `temper` start-up
+        # lazy: pydantic_settings (130 ms), via infra.tracking, would load at every `temper` start-up
         from infra.tracking.connection import configure
         from infra.tracking.runs import lifecycle_run
 

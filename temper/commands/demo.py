@@ -26,7 +26,7 @@ def demo(args: argparse.Namespace) -> int:
     os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "180")
     os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
 
-    # lazy: pandas+pydantic_settings+fsspec+... (521 ms), via lineage, would load at every `temper` start-up
+    # lazy: pandas+pydantic_settings+fsspec+... (521 ms), via infra.tracking, would load at every `temper` start-up
     from infra.tracking.connection import configure
     from temper.data.catalog import load_catalog, select_domains
     from temper.data.generators import generate_datasets

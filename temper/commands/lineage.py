@@ -18,7 +18,7 @@ GRAPH_FORMATS = ("mermaid", "dot", "png")
 
 
 def show(args) -> int:
-    # lazy: pydantic_settings (130 ms), via lineage, would load at every `temper` start-up
+    # lazy: pydantic_settings (130 ms), via infra.tracking, would load at every `temper` start-up
     from infra.tracking.connection import configure
 
     # lazy: pydantic_settings (130 ms), via lineage_graph, would load at every `temper` start-up

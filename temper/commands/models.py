@@ -17,7 +17,7 @@ from temper.registry.versions import format_versions, list_versions
 
 
 def _configure() -> None:
-    # lazy: pydantic_settings (130 ms), via lineage, would load at every `temper` start-up
+    # lazy: pydantic_settings (130 ms), via infra.tracking, would load at every `temper` start-up
     from infra.tracking.connection import configure
 
     # compare downloads per-sample rewards; MLflow's progress bars would bury the table

@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 
 from infra.tracking.runs import close_run, open_run
-from temper.core.tag_names import TAG_KIND, TAG_STAGE
+from temper.core.tag_names import TAG_COMPARE_A, TAG_COMPARE_B, TAG_COMPARE_MODEL, TAG_KIND, TAG_STAGE
 from temper.registry.bootstrap import CONFIDENCE, DeltaInterval, bootstrap_delta
 from temper.registry.effective_context import FRACTION, effective_context, lost_context
 from temper.registry.samples import version_curves, version_samples
@@ -167,8 +167,8 @@ def comparison_chart(cmp: Comparison, path: str) -> None:
 def log_comparison(cmp: Comparison) -> str:
     """One run in the ``registry_ops`` experiment with the table (JSON) and the chart (PNG)."""
     run_id = open_run(COMPARE_EXPERIMENT, f"compare-{cmp.model}-v{cmp.a}-v{cmp.b}", tags={
-        TAG_KIND: "ops", TAG_STAGE: "compare", "temper.model": cmp.model,
-        "temper.compare.a": cmp.a, "temper.compare.b": cmp.b})
+        TAG_KIND: "ops", TAG_STAGE: "compare", TAG_COMPARE_MODEL: cmp.model,
+        TAG_COMPARE_A: cmp.a, TAG_COMPARE_B: cmp.b})
     c = client()
     try:
         with tempfile.TemporaryDirectory() as tmp:

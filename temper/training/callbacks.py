@@ -20,7 +20,7 @@ from infra.tracking.connection import configure, outage_named
 from infra.tracking.runs import code_version, config_hash, log_dataset, open_keyed_run, use_experiment
 from temper.agent import trajectories
 from temper.core.settings import Settings
-from temper.core.tag_names import TAG_BASE_MODEL, TAG_CONFIG_HASH, TAG_GIT, TAG_KIND, TAG_STAGE
+from temper.core.tag_names import CONTEXT_TRAINING, TAG_BASE_MODEL, TAG_CONFIG_HASH, TAG_GIT, TAG_KIND, TAG_STAGE
 from temper.training import checkpoint as ckpt
 from temper.training.charts import curriculum_weights_csv, domain_heatmap_png, domain_table_csv, read_metrics
 from temper.training.config import TrainConfig, TrainingError
@@ -125,7 +125,7 @@ class TemperCallback(TrainerCallback):
             mlflow.log_params({"device": self.placement.device.split(":")[0], "precision": self.placement.precision,
                                "world_size": self.cfg.world_size})
             for name, frame in self.frames.items():
-                log_dataset(name, frame, self.uris[name], self.digests[name], context="training")
+                log_dataset(name, frame, self.uris[name], self.digests[name], context=CONTEXT_TRAINING)
 
     def on_step_begin(self, args, state, control, **kw):
         self._t_step = time.perf_counter()

@@ -13,7 +13,7 @@ import pytest
 from infra.tracking.connection import configure
 from infra.tracking.runs import open_run
 from temper.core.settings import get_settings
-from temper.core.tag_names import TAG_KIND
+from temper.core.tag_names import TAG_EFFECTIVE_CONTEXT, TAG_KIND
 from temper.data.catalog import load_catalog
 from temper.data.datasets import load_dataset
 from temper.lifecycle.evaluation import record_eval, summary
@@ -41,7 +41,7 @@ def test_tiny_model_eval_records_lengths_and_says_not_measurable(tracked, tiny_m
     parent = open_run("post_training", "pt-long", tags={TAG_KIND: "lifecycle"})
     run_id = record_eval(result.to_dict(), "candidate", parent)
     run = mlflow.MlflowClient().get_run(run_id)
-    assert run.data.tags["temper.eval.effective_context"].startswith("not measurable (short-context accuracy 0.00")
+    assert run.data.tags[TAG_EFFECTIVE_CONTEXT].startswith("not measurable (short-context accuracy 0.00")
     assert "effective_context_tokens" not in run.data.metrics and run.data.metrics["short_context_accuracy"] == 0.0
     table = json.loads(mlflow.artifacts.load_text(f"runs:/{run_id}/eval/{DOMAIN}-context.json"))
     assert table["lengths"] == [448, 1024, 2048, 4096, 8192] and table["n"] == [5] * 5 and not table["measurable"]

@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 import requests
 
+from temper.core.tag_names import TAG_FORMAT, TAG_STAGE
 from tests.integration.conftest import _wait_http, free_port, stop_process
 
 MODEL = "temper-demo"
@@ -98,7 +99,7 @@ def test_version_loads_as_a_transformers_pipeline_with_metrics_and_dataset(regis
     client = mlflow.MlflowClient()
     mv = client.get_model_version_by_alias(MODEL, "champion")
     logged = client.get_logged_model(reg["source"].removeprefix("models:/"))
-    assert logged.source_run_id == mv.run_id and client.get_run(mv.run_id).data.tags["temper.stage"] == "register"
+    assert logged.source_run_id == mv.run_id and client.get_run(mv.run_id).data.tags[TAG_STAGE] == "register"
     metrics = {m.key: m for m in logged.metrics}
     assert metrics["eval.arithmetic.mean_reward"].value == pytest.approx(0.5)
     assert metrics["eval.arithmetic.mean_reward"].dataset_name == "arithmetic"
@@ -206,7 +207,7 @@ def test_temper_train_register_as_writes_a_logged_model_too(registry):
     with mlflow.start_run():
         version = log_and_register(registry["model_dir"], "temper-train-test")
     mv = mlflow.MlflowClient().get_model_version("temper-train-test", version)
-    assert mv.source.startswith("models:/m-") and mv.tags["temper.format"] == "mlflow-transformers"
+    assert mv.source.startswith("models:/m-") and mv.tags[TAG_FORMAT] == "mlflow-transformers"
     pipe = mlflow.transformers.load_model(f"models:/temper-train-test/{version}")
     assert pipe("3 + 4 = ", max_new_tokens=5, do_sample=False, return_full_text=False)[0]["generated_text"] \
         == _greedy(registry["model_dir"], "3 + 4 = ", 5)

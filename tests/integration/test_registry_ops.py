@@ -17,6 +17,15 @@ import uuid
 import pytest
 
 from temper.cli import main
+from temper.core.tag_names import (
+    PARENT_TAG,
+    TAG_COMPARE_B,
+    TAG_DATA_VALIDATION,
+    TAG_DOMAIN,
+    TAG_LIFECYCLE_RUN,
+    TAG_STAGE,
+    VERSION_AUDIT_TAG,
+)
 
 N = 40
 
@@ -87,7 +96,7 @@ def register(model: str, evals: dict[str, list[float]], *, passed: bool, samples
     with resume_run(parent):
         for d in evals:
             log_dataset(d, frame, f"/store/datasets/{d}.jsonl", digest(d))
-        mlflow.set_tag("temper.data.validation", "pass")
+        mlflow.set_tag(TAG_DATA_VALIDATION, "pass")
     stage_tags = {TAG_KIND: "stage"}
     for stage in ("sft", "grpo"):
         run_id = open_run("post_training", f"{stage}-{model}", parent_run_id=parent,
@@ -100,7 +109,7 @@ def register(model: str, evals: dict[str, list[float]], *, passed: bool, samples
     for d, rs in evals.items():
         results[d] = {"mean_reward": sum(rs) / len(rs), "pass_rate": sum(r >= 1.0 for r in rs) / len(rs), "n": len(rs)}
         run_id = open_run("post_training", f"eval-{d}", parent_run_id=parent,
-                                  tags={**stage_tags, TAG_STAGE: "eval", "temper.domain": d})
+                                  tags={**stage_tags, TAG_STAGE: "eval", TAG_DOMAIN: d})
         if samples is True or (samples and d in samples):
             with mlflow.start_run(run_id=run_id):
                 log_eval_samples(d, [(f"{d}-{i}", r) for i, r in enumerate(rs)])
@@ -114,7 +123,7 @@ def register(model: str, evals: dict[str, list[float]], *, passed: bool, samples
     out = register_version(model, source, run_id, eval_results=results,
                            decision=GateDecision(passed=passed, reason="test gate"), alias="champion",
                            fallback_alias="candidate",
-                           tags={TAG_BASE_MODEL: "tiny", "temper.lifecycle_run": parent})
+                           tags={TAG_BASE_MODEL: "tiny", TAG_LIFECYCLE_RUN: parent})
     close_run(parent)
     return out["version"]
 
@@ -193,7 +202,7 @@ def test_promote_rollback_twice_then_nothing_left(tracked, model, capsys):
     assert trail[0].reason == "post_training gate: test gate" and trail[0].by.endswith("(post_training flow)")
     assert trail[1].reason == "arithmetic +0.4" and trail[3].reason == "bad outputs in prod"
     assert trail[1].time.endswith("+00:00") and not trail[1].forced
-    on_v1 = json.loads(MlflowClient().get_model_version(model, "1").tags["temper.audit.champion"])
+    on_v1 = json.loads(MlflowClient().get_model_version(model, "1").tags[VERSION_AUDIT_TAG.format(alias="champion")])
     assert (on_v1["action"], on_v1["seq"], on_v1["previous"]) == ("rollback", 5, "2")
 
     code, out, _ = cli(capsys, "models", "list", model, "--json")
@@ -309,7 +318,7 @@ def test_compare_known_metrics_with_bootstrap_and_chart(tracked, shared, capsys)
 
     client = MlflowClient()
     run = client.get_run(cmp["run_id"])
-    assert run.data.tags["temper.stage"] == "compare" and run.data.tags["temper.compare.b"] == "2"
+    assert run.data.tags[TAG_STAGE] == "compare" and run.data.tags[TAG_COMPARE_B] == "2"
     paths = {f.path: f.file_size for f in client.list_artifacts(cmp["run_id"], "compare")}
     assert set(paths) == {"compare/chart.png", "compare/comparison.json"} and paths["compare/chart.png"] > 5000
 
@@ -375,11 +384,11 @@ def test_lineage_text_and_json_show_the_graph_mermaid_shows(tracked, shared, cap
 
     mv = MlflowClient().get_model_version_by_alias(shared, "champion")
     ref = {"version": f"{shared}@champion", "its run": mv.run_id,
-           "a stage run": MlflowClient().get_run(mv.run_id).data.tags["mlflow.parentRunId"]}[of]
+           "a stage run": MlflowClient().get_run(mv.run_id).data.tags[PARENT_TAG]}[of]
     if of == "a stage run":  # the sft run under the same lifecycle
         from temper.registry.samples import stage_runs
 
-        ref = next(r.info.run_id for r in stage_runs(ref) if r.data.tags.get("temper.stage") == "sft")
+        ref = next(r.info.run_id for r in stage_runs(ref) if r.data.tags.get(TAG_STAGE) == "sft")
     graphs = {}
     for fmt in ("text", "json", "mermaid", "dot"):
         code, out, err = cli(capsys, "lineage", ref, "--format", fmt, "--no-attach")

@@ -22,6 +22,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from temper.core.tag_names import PARENT_TAG, TAG_KIND, TAG_LIFECYCLE_RUN, TAG_RECORD, TAG_STAGE
 from tests.conftest import REPO
 from tests.integration.conftest import BIN, free_port, stop_process
 
@@ -169,19 +170,19 @@ def test_sigkilled_flow_is_resumed_to_the_uninterrupted_model_and_records_and_an
     client = MlflowClient(server.uri)
     exp = client.get_experiment_by_name("post_training")
     runs = client.search_runs([exp.experiment_id], max_results=100)
-    [lifecycle] = [r for r in runs if r.data.tags.get("temper.kind") == "lifecycle"]
-    assert lifecycle.data.tags["temper.record"] == key and lifecycle.info.status == "FINISHED"
+    [lifecycle] = [r for r in runs if r.data.tags.get(TAG_KIND) == "lifecycle"]
+    assert lifecycle.data.tags[TAG_RECORD] == key and lifecycle.info.status == "FINISHED"
     children = [r for r in runs if r is not lifecycle]
-    assert all(r.data.tags.get("mlflow.parentRunId") == lifecycle.info.run_id for r in children)  # no orphans
+    assert all(r.data.tags.get(PARENT_TAG) == lifecycle.info.run_id for r in children)  # no orphans
     assert sorted(r.info.run_name for r in children) == sorted(
         [f"grpo-{key}-grpo", "eval-base-arithmetic", "eval-candidate-arithmetic", "register"])
     assert all(r.info.status == "FINISHED" for r in children)
-    [grpo] = [r for r in children if r.data.tags.get("temper.stage") == "grpo"]
+    [grpo] = [r for r in children if r.data.tags.get(TAG_STAGE) == "grpo"]
     history = client.get_metric_history(grpo.info.run_id, "loss")
     assert {m.step for m in history} == set(ref_losses)
     assert max(abs(m.value - ref_losses[m.step]) for m in history) < 1e-5
     versions = client.search_model_versions(f"name = '{MODEL}'")
-    assert [v.tags.get("temper.lifecycle_run") for v in versions] == [lifecycle.info.run_id]
+    assert [v.tags.get(TAG_LIFECYCLE_RUN) for v in versions] == [lifecycle.info.run_id]
 
     # What finished is not done again: validation came from Prefect's cache (same digest and contract).
     from prefect.client.orchestration import get_client
