@@ -17,7 +17,7 @@ REPO = Path(__file__).resolve().parents[2]
 PACKAGES = ("temper", "infra", "data_contracts", "workloads", "tasks", "flows")
 
 # room -> rooms it may import (itself is always allowed). A room is a top-level package, or
-# `temper.core` (the leaf everything may import: settings, errors, the config-file loader).
+# `temper.core` (the leaf everything may import: settings, errors, the config-file loader, tag names).
 ALLOWED = {
     "temper.core": set(),
     "data_contracts": {"temper.core"},
