@@ -14,6 +14,8 @@ import json
 import statistics
 from pathlib import Path
 
+from temper.core.tag_names import TAG_DOMAIN, TAG_EVAL_LABEL, TAG_KIND, TAG_RECORD, TAG_STAGE
+
 
 def _client(home: Path):
     import mlflow
@@ -42,11 +44,11 @@ def _minutes(ms: int | None) -> str:
 
 def _stage_costs(client, lifecycle) -> tuple[list[str], dict]:
     """Wall time per stage (from the runs' start and end), GRPO step time and tokens/s, eval time per domain."""
-    record = lifecycle.data.tags["temper.record"]
-    stages = {r.data.tags.get("temper.stage"): r for r in _runs(client, "tags.`temper.kind` = 'stage'")
-              if r.data.tags.get("temper.record", "").startswith((f"sft-{record}", f"grpo-{record}"))}
-    evals = [r for r in _runs(client, "tags.`temper.stage` = 'eval'")
-             if r.data.tags.get("temper.record", "").startswith(lifecycle.info.run_id)]
+    record = lifecycle.data.tags[TAG_RECORD]
+    stages = {r.data.tags.get(TAG_STAGE): r for r in _runs(client, f"tags.`{TAG_KIND}` = 'stage'")
+              if r.data.tags.get(TAG_RECORD, "").startswith((f"sft-{record}", f"grpo-{record}"))}
+    evals = [r for r in _runs(client, f"tags.`{TAG_STAGE}` = 'eval'")
+             if r.data.tags.get(TAG_RECORD, "").startswith(lifecycle.info.run_id)]
     lines, facts = [], {}
     for name in ("sft", "grpo"):
         run = stages.get(name)
@@ -67,7 +69,7 @@ def _stage_costs(client, lifecycle) -> tuple[list[str], dict]:
             detail += f", {statistics.median(rate):.0f} tokens/s (median step)"
         lines.append(f"| {name.upper()} | {_minutes(wall)} | {detail} |")
     for label in ("base", "candidate"):
-        walls = [r.data.metrics.get("wall_s", 0.0) for r in evals if r.data.tags.get("temper.eval.label") == label]
+        walls = [r.data.metrics.get("wall_s", 0.0) for r in evals if r.data.tags.get(TAG_EVAL_LABEL) == label]
         if walls:
             lines.append(f"| eval {label} ({len(walls)} domains) | {sum(walls) / 60:.1f} min | "
                          f"{statistics.median(walls):.1f} s per domain (median), {max(walls):.1f} s the longest; "
@@ -77,9 +79,9 @@ def _stage_costs(client, lifecycle) -> tuple[list[str], dict]:
 
 
 def _grpo_curves(client, lifecycle) -> str:
-    record = lifecycle.data.tags["temper.record"]
-    run = next((r for r in _runs(client, "tags.`temper.stage` = 'grpo'")
-                if r.data.tags.get("temper.record", "").startswith(f"grpo-{record}")), None)
+    record = lifecycle.data.tags[TAG_RECORD]
+    run = next((r for r in _runs(client, f"tags.`{TAG_STAGE}` = 'grpo'")
+                if r.data.tags.get(TAG_RECORD, "").startswith(f"grpo-{record}")), None)
     if run is None:
         return "no GRPO run found"
     reward, kl = _history(client, run.info.run_id, "reward"), _history(client, run.info.run_id, "kl")
@@ -103,9 +105,9 @@ def _samples(client, lifecycle) -> dict[str, dict]:
     from temper.registry.samples import eval_samples
 
     out: dict[str, dict] = {"base": {}, "candidate": {}}
-    for r in _runs(client, "tags.`temper.stage` = 'eval'"):
-        if r.data.tags.get("temper.record", "").startswith(lifecycle.info.run_id):
-            domain, label = r.data.tags["temper.domain"], r.data.tags["temper.eval.label"]
+    for r in _runs(client, f"tags.`{TAG_STAGE}` = 'eval'"):
+        if r.data.tags.get(TAG_RECORD, "").startswith(lifecycle.info.run_id):
+            domain, label = r.data.tags[TAG_DOMAIN], r.data.tags[TAG_EVAL_LABEL]
             out[label][domain] = eval_samples(r.info.run_id, domain) or []
     return out
 
@@ -146,16 +148,17 @@ def _constant_answers(client, lifecycle, home: Path) -> dict[str, tuple[str, flo
     """Per domain: the candidate's most common answer among its logged example completions, and the mean reward that
     one answer, given to every eval item, gets from reasoning-gym's own scorer. A high mean is a scorer a constant
     answer satisfies: what the policy learnt there is the constant, not the task."""
-    import reasoning_gym
     from collections import Counter
+
+    import reasoning_gym
 
     from temper.verifiers.families.reasoning_gym import extract
 
     out = {}
-    for r in _runs(client, "tags.`temper.stage` = 'eval' and tags.`temper.eval.label` = 'candidate'"):
-        if not r.data.tags.get("temper.record", "").startswith(lifecycle.info.run_id):
+    for r in _runs(client, f"tags.`{TAG_STAGE}` = 'eval' and tags.`{TAG_EVAL_LABEL}` = 'candidate'"):
+        if not r.data.tags.get(TAG_RECORD, "").startswith(lifecycle.info.run_id):
             continue
-        domain = r.data.tags["temper.domain"]
+        domain = r.data.tags[TAG_DOMAIN]
         examples = json.loads(Path(client.download_artifacts(r.info.run_id, f"eval/{domain}-examples.json",
                                                              str(home / "report"))).read_text())["samples"]
         answers = Counter(a for a in (extract(e["completion"]) for e in examples) if a)
@@ -190,7 +193,7 @@ HEAD = ["| domains | n | base | candidate | delta | 95% interval | better | unch
 
 def report(home: Path, out: Path) -> None:
     client = _client(home)
-    lifecycle = _runs(client, "tags.`temper.kind` = 'lifecycle' and attributes.status = 'FINISHED'")[0]
+    lifecycle = _runs(client, f"tags.`{TAG_KIND}` = 'lifecycle' and attributes.status = 'FINISHED'")[0]
     run_id = lifecycle.info.run_id
     versus = json.loads(Path(client.download_artifacts(run_id, "versus_base.json", str(home / "report"))).read_text())
     table = list(csv.DictReader(io.StringIO(

@@ -23,7 +23,7 @@ from prefect.artifacts import create_markdown_artifact, create_table_artifact
 from prefect.client.orchestration import get_client
 from prefect.runtime import flow_run
 
-from infra import lineage
+from infra.tracking.connection import configure
 from tasks.data import calibration_gate, resolve_domains, validate_domain
 from tasks.evaluation import compare_to_base, evaluate
 from tasks.registry import champion, close_lifecycle, fail_lifecycle, gate, open_lifecycle, register
@@ -58,7 +58,7 @@ def _lifecycle_link(run_id: str) -> str:
     # lazy: mlflow (1.6 s) would load whenever flows.retrain is imported
     from mlflow.tracking import MlflowClient
 
-    uri = lineage.configure()
+    uri = configure()
     return run_link(uri, MlflowClient().get_run(run_id).info.experiment_id, run_id)
 
 

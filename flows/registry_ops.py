@@ -11,7 +11,7 @@ from __future__ import annotations
 from prefect import flow, get_run_logger
 from prefect.artifacts import create_markdown_artifact
 
-from infra import lineage
+from infra.tracking.connection import configure
 from temper.registry.aliases import AliasChange, PromoteParams, RollbackParams, promote, rollback
 
 
@@ -30,12 +30,12 @@ def _report(change: AliasChange) -> dict:
 
 @flow(name="promote_model", log_prints=True)
 def promote_model(params: PromoteParams) -> dict:
-    lineage.configure()
+    configure()
     return _report(promote(params.model_name, params.version, reason=params.reason, alias=params.alias,
                            force=params.force, policy=params.policy))
 
 
 @flow(name="rollback_model", log_prints=True)
 def rollback_model(params: RollbackParams) -> dict:
-    lineage.configure()
+    configure()
     return _report(rollback(params.model_name, alias=params.alias, reason=params.reason))

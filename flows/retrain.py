@@ -13,7 +13,7 @@ from __future__ import annotations
 from prefect import flow, get_run_logger, task
 
 from flows.post_training import post_training
-from infra import lineage
+from infra.tracking.connection import configure
 from tasks.data import resolve_domains
 from temper.lifecycle.params import RetrainParams
 from temper.lifecycle.retraining import changed_domains
@@ -22,7 +22,7 @@ from temper.lifecycle.retraining import latest_trained as read_latest_trained
 
 @task(retries=3, retry_delay_seconds=[2, 5, 15])
 def latest_trained(model_name: str) -> tuple[str | None, dict[str, str] | None]:
-    lineage.configure()
+    configure()
     return read_latest_trained(model_name)
 
 

@@ -9,8 +9,8 @@ from prefect.context import TaskRunContext
 
 from data_contracts.model import Contract, load_contracts
 from data_contracts.report import DomainReport
-from infra import lineage
-from infra.lineage import config_hash
+from infra.tracking.connection import configure
+from infra.tracking.runs import config_hash
 from temper.core.errors import DatasetError
 from temper.core.settings import get_settings
 from temper.data.catalog import load_catalog, select_domains
@@ -100,7 +100,7 @@ def calibration_gate(refs: list[DomainRef], mixing_weights: dict[str, float] | N
     judged = [d.name for d in domains if d.verifier.family == "judge"]
     statuses = {}
     if judged:
-        lineage.configure()
+        configure()
         statuses = calibration_status(judged)
     kept, flagged = apply_calibration_gate(domains, statuses, CalibrationPolicy(), base_weights=requested)
     weights = gated_mixing_weights(domains, kept, requested)

@@ -10,10 +10,10 @@ from dataclasses import asdict
 
 from prefect import get_run_logger, task
 
-from infra import lineage
 from infra.jobspec import JobSpec
 from infra.k8s.options import job_name
 from infra.storage import get_fs, join
+from infra.tracking.connection import configure
 from tasks.tracking import MLFLOW_RETRY
 from temper.core.errors import TemperError
 from temper.core.settings import get_settings
@@ -71,7 +71,7 @@ def evaluate(model_dir: str, domains: list[str], settings: EvalSettings, label: 
 @task(**MLFLOW_RETRY, task_run_name="fetch-{model_name}-{version}")
 def fetch_model(model_name: str, version: str) -> dict:
     """A registered version (number or alias) as a local HF folder the eval jobs can read (either layout)."""
-    lineage.configure()
+    configure()
     mv = resolve_version(client(), model_name, version)
     number = version_of(mv)
     target = hf_folder(mv.source, get_settings().home.resolve() / "cache" / "registry" / model_name / number)
@@ -85,7 +85,7 @@ def tag_version(model_name: str, version: str, results: list[dict]) -> None:
     # lazy: mlflow (1.6 s) would load whenever flows.evaluate is imported
     from mlflow.tracking import MlflowClient
 
-    lineage.configure()
+    configure()
     client = MlflowClient()
     for key, value in eval_tags({r["domain"]: r for r in results}).items():
         client.set_model_version_tag(model_name, version, key, value)
@@ -95,7 +95,7 @@ def tag_version(model_name: str, version: str, results: list[dict]) -> None:
 def compare_to_base(before: list[dict], after: list[dict], trained: list[str], alpha: float) -> dict:
     """Per-domain paired intervals and Holm verdicts of candidate vs base, from the per-sample rewards the eval
     runs logged; the means over the trained and the held-out (eval-only) domains with their intervals."""
-    lineage.configure()
+    configure()
     base = {r["domain"]: eval_samples(r["run_id"], r["domain"]) or [] for r in before if r.get("run_id")}
     cand = {r["domain"]: eval_samples(r["run_id"], r["domain"]) or [] for r in after if r.get("run_id")}
     deltas = domain_deltas(base, cand, alpha)

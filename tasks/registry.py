@@ -9,16 +9,33 @@ from prefect.logging.loggers import flow_run_logger
 from prefect.runtime import flow_run
 
 from data_contracts.report import DomainReport
-from infra import lineage
 from infra.storage import local_folder
+from infra.tracking.connection import configure, is_outage, outage_named
+from infra.tracking.runs import close_run, code_version, config_hash, open_keyed_run, resume_run
 from tasks.tracking import MLFLOW_RETRY
 from temper.core.errors import TemperError
 from temper.core.settings import get_settings
+from temper.core.tag_names import (
+    CONTEXT_EVALUATION,
+    CONTEXT_TRAINING,
+    TAG_BASE_MODEL,
+    TAG_CONFIG_HASH,
+    TAG_DATA_VALIDATION,
+    TAG_FAILED_STAGE,
+    TAG_FLOW_RUN,
+    TAG_FORMAT,
+    TAG_GIT,
+    TAG_KIND,
+    TAG_LIFECYCLE_RUN,
+    TAG_RECORD,
+    TAG_SHA256,
+    TAG_STAGE,
+)
 from temper.data.catalog import load_catalog
 from temper.data.datasets import load_dataset
 from temper.lifecycle.params import PostTrainingParams
-from temper.lifecycle.resume import run_key_of
 from temper.lifecycle.report import post_training_markdown, run_link
+from temper.lifecycle.resume import run_key_of
 from temper.lifecycle.validation import log_validated_datasets
 from temper.registry.gate import GateDecision, PromotionPolicy, decide
 from temper.registry.model_store import DEFAULT_EXAMPLE, EvalMetrics, LoggedModel, log_hf_model, reusable_logged_model
@@ -32,11 +49,9 @@ from temper.registry.registration import (
     run_samples,
 )
 
-FLOW_RUN_TAG = "temper.prefect_flow_run"  # on the lifecycle run: the Prefect flow run that last worked on it
-
 
 @task(**MLFLOW_RETRY)
-@lineage.outage_named("the lifecycle run's opening")
+@outage_named("the lifecycle run's opening")
 def open_lifecycle(params: PostTrainingParams, run_name: str, reports: list[DomainReport],
                    eval_only: frozenset[str] = frozenset()) -> str:
     """The lifecycle parent run: config, tags, and every dataset consumed (with digests), in context 'training',
@@ -50,26 +65,26 @@ def open_lifecycle(params: PostTrainingParams, run_name: str, reports: list[Doma
     from mlflow.tracking import MlflowClient
 
     settings = get_settings()
-    lineage.configure(settings, wait=True)
-    run_id, existed = lineage.open_keyed_run("post_training", run_name, run_name, tags={
-        lineage.TAG_KIND: "lifecycle", lineage.TAG_CONFIG_HASH: lineage.config_hash(params),
-        lineage.TAG_BASE_MODEL: params.base_model, FLOW_RUN_TAG: str(flow_run.get_id() or "local")})
+    configure(settings, wait=True)
+    run_id, existed = open_keyed_run("post_training", run_name, run_name, tags={
+        TAG_KIND: "lifecycle", TAG_CONFIG_HASH: config_hash(params),
+        TAG_BASE_MODEL: params.base_model, TAG_FLOW_RUN: str(flow_run.get_id() or "local")})
     if existed:
         get_run_logger().info("lifecycle run %s (%s) continued", run_id, run_name)
-        if "temper.data.validation" in MlflowClient().get_run(run_id).data.tags:  # the tag is written last
+        if TAG_DATA_VALIDATION in MlflowClient().get_run(run_id).data.tags:  # the tag is written last
             return run_id  # its params and datasets are the same run's: logged by the attempt that opened it
     catalog = load_catalog(settings.catalog_dir)
-    with lineage.resume_run(run_id):
+    with resume_run(run_id):
         mlflow.log_dict(params.model_dump(mode="json"), "params.json")
-        for context, chosen in (("training", [r for r in reports if r.domain not in eval_only]),
-                                ("evaluation", [r for r in reports if r.domain in eval_only])):
+        for context, chosen in ((CONTEXT_TRAINING, [r for r in reports if r.domain not in eval_only]),
+                                (CONTEXT_EVALUATION, [r for r in reports if r.domain in eval_only])):
             log_validated_datasets(chosen, [catalog[r.domain] for r in chosen], context, settings)
-        mlflow.set_tag("temper.data.validation", "pass" if all(r.success for r in reports) else "fail")
+        mlflow.set_tag(TAG_DATA_VALIDATION, "pass" if all(r.success for r in reports) else "fail")
     return run_id
 
 
 @task(**MLFLOW_RETRY)
-@lineage.outage_named("the lifecycle run's closing")
+@outage_named("the lifecycle run's closing")
 def close_lifecycle(run_id: str, status: str, report_markdown: str, domain_table_csv: str | None = None,
                     versus_base: dict | None = None) -> None:
     """The report (and the per-domain table, as CSV) on the lifecycle run, which is then closed; with
@@ -77,14 +92,14 @@ def close_lifecycle(run_id: str, status: str, report_markdown: str, domain_table
     # lazy: mlflow (1.6 s) would load whenever flows.post_training is imported
     import mlflow
 
-    with lineage.resume_run(run_id):
+    with resume_run(run_id):
         mlflow.log_text(report_markdown, "report.md")
         if domain_table_csv:
             mlflow.log_text(domain_table_csv, "per_domain.csv")
         if versus_base:
             mlflow.log_dict(versus_base, "versus_base.json")
             mlflow.log_metrics(versus_base_metrics(versus_base))
-    lineage.close_run(run_id, status)
+    close_run(run_id, status)
 
 
 def versus_base_metrics(versus_base: dict) -> dict[str, float]:
@@ -119,7 +134,7 @@ def fail_lifecycle(flow, flow_run, state) -> None:
     try:
         _fail_lifecycle(flow_run, state)
     except Exception as e:
-        reason = str(e) if isinstance(e, TemperError) or lineage.is_outage(e) else f"{type(e).__name__}: {e}"
+        reason = str(e) if isinstance(e, TemperError) or is_outage(e) else f"{type(e).__name__}: {e}"
         flow_run_logger(flow_run).warning("lifecycle run of %s left open (`temper resume %s` finishes it): %s",
                                           flow_run.id, flow_run.id, reason.splitlines()[0] if reason else "")
 
@@ -128,13 +143,13 @@ def _fail_lifecycle(flow_run, state) -> None:
     # lazy: mlflow (1.6 s) would load whenever flows.post_training is imported
     import mlflow
 
-    uri = lineage.configure()  # no waiting: a failure from an outage has waited the budget already
+    uri = configure()  # no waiting: a failure from an outage has waited the budget already
     experiment = mlflow.get_experiment_by_name("post_training")
     if experiment is None:
         return
     key = run_key_of(flow_run.id, (flow_run.parameters or {}).get("continues"))
     open_runs = mlflow.search_runs([experiment.experiment_id], output_format="list",
-                                   filter_string=f"tags.`{lineage.TAG_RECORD}` = '{key}' "
+                                   filter_string=f"tags.`{TAG_RECORD}` = '{key}' "
                                                  f"and attributes.status = 'RUNNING'")
     if not open_runs:
         return
@@ -148,27 +163,27 @@ def _fail_lifecycle(flow_run, state) -> None:
             champion_version=None, decision="", registered=None,
             lifecycle_link=run_link(uri, experiment.experiment_id, run.info.run_id),
             failed=f"{failed}: {state.message}")
-        with lineage.resume_run(run.info.run_id):
+        with resume_run(run.info.run_id):
             mlflow.log_text(markdown, "report.md")
-            mlflow.set_tag("temper.failed_stage", failed)
-        lineage.close_run(run.info.run_id, "FAILED")
+            mlflow.set_tag(TAG_FAILED_STAGE, failed)
+        close_run(run.info.run_id, "FAILED")
 
 
 @task(**MLFLOW_RETRY)
-@lineage.outage_named("the champion lookup")
+@outage_named("the champion lookup")
 def champion(model_name: str, alias: str) -> tuple[str | None, dict[str, float] | None]:
-    lineage.configure(wait=True)
+    configure(wait=True)
     return champion_metrics(model_name, alias)
 
 
 @task(**MLFLOW_RETRY)
-@lineage.outage_named("the promotion gate")
+@outage_named("the promotion gate")
 def gate(candidate: list[dict], model_name: str, champion_version: str | None,
          champion_means: dict[str, float] | None, policy: PromotionPolicy) -> GateDecision:
     """The promotion gate on the candidate's eval results vs the champion's, per-sample rewards included
     (the candidate's from its eval runs, the champion's from its lifecycle), so each domain's
     regression is judged against its noise."""
-    lineage.configure(wait=True)
+    configure(wait=True)
     means = {r["domain"]: r["mean_reward"] for r in candidate}
     return decide(means, champion_means, policy, run_samples(candidate), champion_samples(model_name, champion_version),
                   run_curves(candidate), champion_curves(model_name, champion_version))
@@ -184,7 +199,7 @@ def _eval_metrics(eval_results: dict[str, dict]) -> list:
         uri = sha = None
         if r.get("run_id"):
             run = client.get_run(r["run_id"])
-            uri, sha = run.data.params.get("dataset_uri"), run.data.tags.get(lineage.TAG_SHA256)
+            uri, sha = run.data.params.get("dataset_uri"), run.data.tags.get(TAG_SHA256)
         out.append(EvalMetrics(domain=d, metrics={f"eval.{d}.mean_reward": r["mean_reward"],
                                                   f"eval.{d}.pass_rate": r["pass_rate"]},
                                dataset_uri=uri, dataset_sha256=sha))
@@ -210,11 +225,11 @@ def _log_model(params: PostTrainingParams, model_dir: str, parent_run_id: str, e
     import mlflow
 
     model_dir = local_folder(model_dir)  # a store URI when the model was trained on a cluster
-    run_id, _ = lineage.open_keyed_run("post_training", f"{parent_run_id}/register", "register",
+    run_id, _ = open_keyed_run("post_training", f"{parent_run_id}/register", "register",
                                        parent_run_id=parent_run_id,
-                                       tags={lineage.TAG_KIND: "stage", lineage.TAG_STAGE: "register",
-                                             lineage.TAG_BASE_MODEL: params.base_model,
-                                             lineage.TAG_CONFIG_HASH: config_hash})
+                                       tags={TAG_KIND: "stage", TAG_STAGE: "register",
+                                             TAG_BASE_MODEL: params.base_model,
+                                             TAG_CONFIG_HASH: config_hash})
     with mlflow.start_run(run_id=run_id):
         return log_hf_model(model_dir, example_prompt=_example_prompt(list(eval_results) or params.domains),
                             max_new_tokens=params.eval.max_new_tokens, evals=_eval_metrics(eval_results),
@@ -225,7 +240,7 @@ def _log_model(params: PostTrainingParams, model_dir: str, parent_run_id: str, e
 
 
 @task(**MLFLOW_RETRY)
-@lineage.outage_named("the registration")
+@outage_named("the registration")
 def register(params: PostTrainingParams, model_dir: str, parent_run_id: str, eval_results: dict[str, dict],
              decision: GateDecision) -> dict:
     """A 'register' stage run holding the logged model (transformers flavour), then the version and alias.
@@ -236,17 +251,17 @@ def register(params: PostTrainingParams, model_dir: str, parent_run_id: str, eva
     # lazy: mlflow (1.6 s) would load whenever flows.post_training is imported
     from mlflow.tracking import MlflowClient
 
-    lineage.configure(wait=True)
+    configure(wait=True)
     c = MlflowClient()
     done = lifecycle_version(c, params.model_name, parent_run_id)
     if done is not None:
         source, run_id, model_id = done.source, done.run_id, None
     else:
         logged = (reusable_logged_model(c, c.get_run(parent_run_id).info.experiment_id, parent_run_id)
-                  or _log_model(params, model_dir, parent_run_id, eval_results, decision, lineage.config_hash(params)))
+                  or _log_model(params, model_dir, parent_run_id, eval_results, decision, config_hash(params)))
         source, run_id, model_id = logged.model_uri, logged.run_id, logged.model_id
     return register_version(params.model_name, source, run_id, model_id=model_id,
                             eval_results=eval_results, decision=decision, alias=params.promotion.alias,
                             fallback_alias=params.promotion.fallback_alias,
-                            tags={lineage.TAG_BASE_MODEL: params.base_model, lineage.TAG_GIT: lineage.code_version(),
-                                  "temper.lifecycle_run": parent_run_id, "temper.format": "mlflow-transformers"})
+                            tags={TAG_BASE_MODEL: params.base_model, TAG_GIT: code_version(),
+                                  TAG_LIFECYCLE_RUN: parent_run_id, TAG_FORMAT: "mlflow-transformers"})

@@ -5,7 +5,8 @@ from __future__ import annotations
 from prefect import task
 
 from data_contracts.report import DomainReport
-from infra import lineage
+from infra.tracking.connection import configure
+from infra.tracking.runs import lifecycle_run, stage_run, use_experiment
 from temper.core.errors import TrackingUnreachable
 from temper.core.settings import get_settings
 from temper.data.catalog import load_catalog
@@ -33,15 +34,15 @@ def record_validation(reports: list[DomainReport], experiment: str, run_name: st
     """Log the validation stage (datasets with digests, report) as an MLflow run; returns its id."""
 
     settings = get_settings()
-    lineage.configure(settings)
+    configure(settings)
     catalog = load_catalog(settings.catalog_dir)
     domains = [catalog[r.domain] for r in reports]
     summary = ValidationSummary(reports=reports, docs_uri=None)
     if parent_run_id:
-        lineage.use_experiment(experiment)
-        with lineage.stage_run("validate", parent_run_id=parent_run_id) as run:
+        use_experiment(experiment)
+        with stage_run("validate", parent_run_id=parent_run_id) as run:
             track_validation(summary, domains, settings)
             return run.info.run_id
-    with lineage.lifecycle_run(experiment, run_name, config={"domains": [d.name for d in domains]}) as run:
+    with lifecycle_run(experiment, run_name, config={"domains": [d.name for d in domains]}) as run:
         track_validation(summary, domains, settings)
         return run.info.run_id

@@ -12,8 +12,9 @@ from pathlib import Path
 
 from prefect import get_run_logger, task
 
-from infra import lineage
 from infra.storage import exists, join
+from infra.tracking.connection import configure, outage_named
+from infra.tracking.runs import keyed_runs
 from temper.core.errors import TemperError
 from temper.core.settings import get_settings
 from temper.data.catalog import load_catalog, refuse_eval_only, select_domains
@@ -75,9 +76,9 @@ def stage_finished(cfg: TrainConfig, model: str) -> bool:
     task: the model folder and the record are the truth, a cached result could point at either gone."""
     if not exists(join(model, "config.json")):
         return False
-    lineage.configure(wait=True)
-    with lineage.outage_named(f"the check of the {cfg.mode} stage"):
-        runs = lineage.keyed_runs(cfg.mlflow_experiment, record_key(cfg))
+    configure(wait=True)
+    with outage_named(f"the check of the {cfg.mode} stage"):
+        runs = keyed_runs(cfg.mlflow_experiment, record_key(cfg))
     return any(r.info.status == "FINISHED" for r in runs)
 
 

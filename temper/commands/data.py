@@ -81,13 +81,14 @@ def validate(args) -> int:
 
     domains = _domains(args)
     if args.track:
-        # lazy: pydantic_settings (130 ms), via lineage, would load at every `temper` start-up
-        from infra import lineage
+        # lazy: pydantic_settings (130 ms), via infra.tracking, would load at every `temper` start-up
+        from infra.tracking.connection import configure
+        from infra.tracking.runs import lifecycle_run
 
-        lineage.configure()
+        configure()
     summary = validate_domains(domains, build_docs=not args.no_docs, progress=not args.json)
     if args.track:
-        with lineage.lifecycle_run("validate_data", "validate_data", config={"domains": [d.name for d in domains]}):
+        with lifecycle_run("validate_data", "validate_data", config={"domains": [d.name for d in domains]}):
             track_validation(summary, domains)
     print(json.dumps(summary.to_dict(), indent=2, default=str) if args.json else format_report(summary))
     return 0 if summary.success else 1

@@ -26,8 +26,8 @@ def demo(args: argparse.Namespace) -> int:
     os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "180")
     os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
 
-    # lazy: pandas+pydantic_settings+fsspec+... (521 ms), via lineage, would load at every `temper` start-up
-    from infra import lineage
+    # lazy: pandas+pydantic_settings+fsspec+... (521 ms), via infra.tracking, would load at every `temper` start-up
+    from infra.tracking.connection import configure
     from temper.data.catalog import load_catalog, select_domains
     from temper.data.generators import generate_datasets
     from temper.lifecycle.params import PostTrainingParams, load_params
@@ -36,7 +36,7 @@ def demo(args: argparse.Namespace) -> int:
     if args.domain:
         params = params.model_copy(update={"domains": args.domain})
     t0 = time.time()
-    uri = lineage.configure(settings)
+    uri = configure(settings)
     print(f"[demo] tracking {uri}\n[demo] store    {settings.resolved_storage_root}", flush=True)
     def show(r) -> None:
         print(f"[demo] {'wrote' if r.status == 'written' else 'kept ' if r.status == 'kept' else 'FAILED'} "

@@ -18,12 +18,13 @@ GRAPH_FORMATS = ("mermaid", "dot", "png")
 
 
 def show(args) -> int:
-    # lazy: pydantic_settings (130 ms), via lineage, would load at every `temper` start-up
-    from infra import lineage
+    # lazy: pydantic_settings (130 ms), via infra.tracking, would load at every `temper` start-up
+    from infra.tracking.connection import configure
+
     # lazy: pydantic_settings (130 ms), via lineage_graph, would load at every `temper` start-up
     from temper.registry import lineage_graph
 
-    lineage.configure(existing=True)
+    configure(existing=True)
     graph = lineage_graph.build_graph(args.ref)
     mv = graph.version
     png = None

@@ -17,12 +17,12 @@ from temper.registry.versions import format_versions, list_versions
 
 
 def _configure() -> None:
-    # lazy: pydantic_settings (130 ms), via lineage, would load at every `temper` start-up
-    from infra import lineage
+    # lazy: pydantic_settings (130 ms), via infra.tracking, would load at every `temper` start-up
+    from infra.tracking.connection import configure
 
     # compare downloads per-sample rewards; MLflow's progress bars would bury the table
     os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
-    lineage.configure(existing=True)
+    configure(existing=True)
 
 
 def _print_json(obj) -> None:

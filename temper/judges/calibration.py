@@ -21,6 +21,15 @@ from typing import TYPE_CHECKING, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from temper.core.errors import TemperError
+from temper.core.tag_names import (
+    CONTEXT_CALIBRATION,
+    TAG_CALIBRATION_REASON,
+    TAG_CALIBRATION_STATUS,
+    TAG_DOMAIN,
+    TAG_JUDGE,
+    TAG_LABELS,
+    TAG_RUBRIC,
+)
 from temper.judges.judge import Judge
 from temper.judges.params import parse_params
 from temper.judges.rubric import CalibrationOverrides, Rubric, Scale
@@ -35,12 +44,6 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 EXPERIMENT = "judge_calibration"
-TAG_DOMAIN = "temper.domain"
-TAG_STATUS = "temper.calibration.status"
-TAG_REASON = "temper.calibration.reason"
-TAG_RUBRIC = "temper.rubric_digest"
-TAG_JUDGE = "temper.judge"
-TAG_LABELS = "temper.labels_sha256"
 Status = Literal["verified", "unverified", "missing"]
 
 
@@ -110,40 +113,43 @@ def log_calibration(domain: str, a: Agreement, policy: CalibrationPolicy, *, rub
                     labels: "pd.DataFrame", labels_uri: str, labels_sha256: str,
                     settings: "Settings | None" = None) -> CalibrationResult:
     """One run in ``judge_calibration``: metrics, thresholds as params, the label dataset as input."""
-    # lazy: mlflow+pydantic_settings (1.7 s), via lineage, would load in fast unit tests (test_judges_calibration.py)
+    # lazy: mlflow+pydantic_settings (1.7 s), via infra.tracking, would load in test_judges_calibration.py
     import mlflow
 
-    from infra import lineage
+    from infra.tracking.connection import configure
+    from infra.tracking.runs import close_run, log_dataset, open_run, resume_run
+    from temper.core.tag_names import TAG_KIND
 
-    lineage.configure(settings)
+    configure(settings)
     missed = shortfalls(a, policy)
     status: Status = "unverified" if missed else "verified"
     reason = "; ".join(missed)
-    tags = {lineage.TAG_KIND: "calibration", TAG_DOMAIN: domain, TAG_STATUS: status, TAG_REASON: reason[:4000],
-            TAG_RUBRIC: rubric_digest, TAG_JUDGE: judge_id, TAG_LABELS: labels_sha256}
-    run_id = lineage.open_run(EXPERIMENT, f"calibrate-{domain}", tags=tags)
+    tags = {TAG_KIND: "calibration", TAG_DOMAIN: domain, TAG_CALIBRATION_STATUS: status,
+            TAG_CALIBRATION_REASON: reason[:4000], TAG_RUBRIC: rubric_digest, TAG_JUDGE: judge_id,
+            TAG_LABELS: labels_sha256}
+    run_id = open_run(EXPERIMENT, f"calibrate-{domain}", tags=tags)
     try:
-        with lineage.resume_run(run_id):
+        with resume_run(run_id):
             metrics = {"n": float(a.n), "spearman": a.spearman, "kappa": a.kappa}
             mlflow.log_metrics({k: v for k, v in metrics.items() if math.isfinite(v)})
             mlflow.log_params(policy.model_dump())
-            lineage.log_dataset(f"human_labels/{domain}", labels, labels_uri, labels_sha256, context="calibration")
+            log_dataset(f"human_labels/{domain}", labels, labels_uri, labels_sha256, context=CONTEXT_CALIBRATION)
     except BaseException:
-        lineage.close_run(run_id, "FAILED")
+        close_run(run_id, "FAILED")
         raise
-    lineage.close_run(run_id)
+    close_run(run_id)
     return CalibrationResult(domain=domain, status=status, n=a.n, spearman=a.spearman, kappa=a.kappa, run_id=run_id,
                              rubric_digest=rubric_digest, judge_id=judge_id, reason=reason)
 
 
 def calibration_status(domain_names: list[str], settings: "Settings | None" = None) -> dict[str, CalibrationResult]:
     """The latest finished calibration of each domain ('missing' when there is none)."""
-    # lazy: mlflow+pydantic_settings (1.7 s), via lineage, would load in fast unit tests (test_judges_calibration.py)
+    # lazy: mlflow+pydantic_settings (1.7 s), via infra.tracking, would load in test_judges_calibration.py
     from mlflow.tracking import MlflowClient
 
-    from infra import lineage
+    from infra.tracking.connection import configure
 
-    lineage.configure(settings)
+    configure(settings)
     client = MlflowClient()
     exp = client.get_experiment_by_name(EXPERIMENT)
     out: dict[str, CalibrationResult] = {}
@@ -160,9 +166,9 @@ def calibration_status(domain_names: list[str], settings: "Settings | None" = No
         r = runs[0]
         m, t = r.data.metrics, r.data.tags
         out[name] = CalibrationResult(
-            domain=name, status=t.get(TAG_STATUS, "unverified"), n=int(m.get("n", 0)),
+            domain=name, status=t.get(TAG_CALIBRATION_STATUS, "unverified"), n=int(m.get("n", 0)),
             spearman=m.get("spearman", math.nan), kappa=m.get("kappa", math.nan), run_id=r.info.run_id,
-            rubric_digest=t.get(TAG_RUBRIC), judge_id=t.get(TAG_JUDGE), reason=t.get(TAG_REASON, ""))
+            rubric_digest=t.get(TAG_RUBRIC), judge_id=t.get(TAG_JUDGE), reason=t.get(TAG_CALIBRATION_REASON, ""))
     return out
 
 

@@ -13,19 +13,21 @@ import json
 from collections import Counter
 from typing import Any
 
-from infra import lineage
+from infra.tracking.connection import configure, outage_named
+from infra.tracking.runs import keyed_runs, open_keyed_run
 from temper.agent import trajectories
 from temper.agent.environment import ENDINGS
-from temper.registry.effective_context import context_figure, effective_context
-from temper.registry.samples import CONTEXT_TAG
-from temper.registry.samples import DOMAIN_TAG as TAG_DOMAIN
-from temper.registry.samples import (
-    LABEL_TAG as TAG_LABEL,  # 'base' or 'candidate': which model was scored
+from temper.core.tag_names import (
+    TAG_CONTEXT_CURVE,
+    TAG_DOMAIN,
+    TAG_EFFECTIVE_CONTEXT,
+    TAG_EVAL_LABEL,
+    TAG_KIND,
+    TAG_SHA256,
+    TAG_STAGE,
 )
+from temper.registry.effective_context import context_figure, effective_context
 from temper.registry.samples import log_eval_samples
-
-
-EFFECTIVE_TAG = "temper.eval.effective_context"  # the effective context length, described, on a long-context eval run
 
 
 def eval_key(parent_run_id: str, label: str, domain: str) -> str:
@@ -37,11 +39,11 @@ def recorded_evals(parent_run_id: str, label: str, domains: list[str],
                    experiment: str = "post_training") -> list[dict[str, Any]] | None:
     """The summaries of an earlier attempt's finished eval runs of every domain, or None if one is missing:
     a continued run (`temper resume`) does not evaluate a model again when its results are all recorded."""
-    lineage.configure(wait=True)
+    configure(wait=True)
     out = []
-    with lineage.outage_named(f"the lookup of the {label} evals"):
+    with outage_named(f"the lookup of the {label} evals"):
         for domain in domains:
-            run = next((r for r in lineage.keyed_runs(experiment, eval_key(parent_run_id, label, domain))
+            run = next((r for r in keyed_runs(experiment, eval_key(parent_run_id, label, domain))
                         if r.info.status == "FINISHED"), None)
             if run is None:
                 return None
@@ -49,8 +51,8 @@ def recorded_evals(parent_run_id: str, label: str, domains: list[str],
             out.append({"domain": domain, "mean_reward": m["mean_reward"], "pass_rate": m["pass_rate"],
                         "n": int(run.data.params["n"]), "scored": int(m["scored"]), "run_id": run.info.run_id,
                         "format_zero_rate": m.get("format_zero_rate", 0.0),
-                        "long_context": tags.get(CONTEXT_TAG) == "true"}
-                       | ({"effective_context": tags[EFFECTIVE_TAG]} if EFFECTIVE_TAG in tags else {}))
+                        "long_context": tags.get(TAG_CONTEXT_CURVE) == "true"}
+                       | ({"effective_context": tags[TAG_EFFECTIVE_CONTEXT]} if TAG_EFFECTIVE_CONTEXT in tags else {}))
     return out
 
 
@@ -59,14 +61,14 @@ def record_eval(result: dict[str, Any], label: str, parent_run_id: str, experime
 
     Found by its key: an earlier attempt's FINISHED run of the same eval is returned as it is, a
     half-written one is replaced, so a lifecycle run has one eval run per (model, domain)."""
-    lineage.configure(wait=True)
-    with lineage.outage_named(f"the record of the {label} eval of {result['domain']}"):
-        run_id, existed = lineage.open_keyed_run(
+    configure(wait=True)
+    with outage_named(f"the record of the {label} eval of {result['domain']}"):
+        run_id, existed = open_keyed_run(
             experiment, eval_key(parent_run_id, label, result["domain"]), f"eval-{label}-{result['domain']}",
             parent_run_id=parent_run_id, fresh=True, tags={
-                lineage.TAG_KIND: "stage", lineage.TAG_STAGE: "eval", TAG_DOMAIN: result["domain"], TAG_LABEL: label,
-                lineage.TAG_SHA256: result["dataset_sha256"]}
-            | ({CONTEXT_TAG: "true"} if result.get("context_lengths") else {}))
+                TAG_KIND: "stage", TAG_STAGE: "eval", TAG_DOMAIN: result["domain"], TAG_EVAL_LABEL: label,
+                TAG_SHA256: result["dataset_sha256"]}
+            | ({TAG_CONTEXT_CURVE: "true"} if result.get("context_lengths") else {}))
         if not existed:
             _log_eval(run_id, result)
     return run_id
@@ -143,7 +145,7 @@ def record_effective_context(domain: str, curve: list[tuple[int, float | None]])
     fig.clf()
     mlflow.log_metrics({"short_context_accuracy": ec.short_accuracy}
                        | ({"effective_context_tokens": ec.effective_tokens} if ec.measurable else {}))
-    mlflow.set_tag(EFFECTIVE_TAG, ec.describe())
+    mlflow.set_tag(TAG_EFFECTIVE_CONTEXT, ec.describe())
 
 
 def summary(result: dict[str, Any]) -> dict[str, Any]:

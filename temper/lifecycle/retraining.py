@@ -11,8 +11,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from infra.lineage import MLFLOW_DIGEST_LEN
+from infra.tracking.runs import MLFLOW_DIGEST_LEN
 from temper.core.errors import TrackingError
+from temper.core.tag_names import CONTEXT_TRAINING, DATA_CONTEXT
 from temper.registry.samples import lifecycle_run_id
 
 
@@ -39,7 +40,7 @@ def trained_digests(mv: Any) -> dict[str, str]:
         return {}
     run = MlflowClient().get_run(run_id)
     return {d.dataset.name: d.dataset.digest for d in run.inputs.dataset_inputs
-            if any(t.key == "mlflow.data.context" and t.value == "training" for t in d.tags)}
+            if any(t.key == DATA_CONTEXT and t.value == CONTEXT_TRAINING for t in d.tags)}
 
 
 def latest_trained(model_name: str) -> tuple[str | None, dict[str, str] | None]:

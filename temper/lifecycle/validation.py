@@ -20,10 +20,11 @@ from typing import TYPE_CHECKING
 
 from data_contracts.model import Contract, load_contracts
 from data_contracts.report import DomainReport
-from infra.lineage import log_dataset
 from infra.storage import join, put_dir
+from infra.tracking.runs import log_dataset
 from temper.core.errors import DatasetError
 from temper.core.settings import Settings, get_settings
+from temper.core.tag_names import CONTEXT_VALIDATION, TAG_DATA_VALIDATION
 from temper.core.templates import template_columns
 from temper.data.datasets import load_dataset
 from temper.data.domain import Domain
@@ -255,10 +256,10 @@ def track_validation(summary: ValidationSummary, domains: list[Domain], settings
     # lazy: mlflow (1.6 s) would load whenever flows.post_training is imported
     import mlflow
 
-    log_validated_datasets(summary.reports, domains, "validation", settings)
+    log_validated_datasets(summary.reports, domains, CONTEXT_VALIDATION, settings)
     for r in summary.reports:
         mlflow.log_metric(f"contract_failures.{r.domain}", len(r.failures) + (1 if r.error else 0))
     mlflow.log_dict(summary.to_dict(), "validation/report.json")
-    mlflow.set_tag("temper.data.validation", "pass" if summary.success else "fail")
+    mlflow.set_tag(TAG_DATA_VALIDATION, "pass" if summary.success else "fail")
     if summary.docs_local:
         mlflow.log_artifacts(str(summary.docs_local), "validation/data_docs")

@@ -23,7 +23,8 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field
 
 from temper.core.errors import TrackingError
-from temper.registry.audit import AUDIT_TAG, VERSION_AUDIT_TAG, AuditEvent, audit_events, next_seq, rollback_target
+from temper.core.tag_names import AUDIT_TAG, VERSION_AUDIT_TAG
+from temper.registry.audit import AuditEvent, audit_events, next_seq, rollback_target
 from temper.registry.gate import GateDecision, PromotionPolicy, decide
 from temper.registry.lock import model_lock
 from temper.registry.samples import version_curves, version_samples

@@ -15,8 +15,7 @@ import json
 from dataclasses import asdict, dataclass
 from typing import Literal
 
-AUDIT_TAG = "temper.audit.{alias}.{seq:06d}"
-VERSION_AUDIT_TAG = "temper.audit.{alias}"
+from temper.core.tag_names import VERSION_AUDIT_TAG
 
 
 @dataclass(frozen=True)
@@ -44,7 +43,7 @@ class AuditEvent:
 def audit_events(model_tags: dict[str, str], alias: str) -> list[AuditEvent]:
     """The audit trail of one alias, in order. Unreadable entries are skipped, not fatal:
     a hand-edited tag must not lock the operator out of a rollback."""
-    prefix = f"temper.audit.{alias}."
+    prefix = VERSION_AUDIT_TAG.format(alias=alias) + "."
     events = []
     for key, value in model_tags.items():
         if not key.startswith(prefix) or not key.removeprefix(prefix).isdigit():

@@ -11,7 +11,8 @@ from typing import Any
 
 import numpy as np
 
-from infra import lineage
+from infra.tracking.runs import close_run, open_run
+from temper.core.tag_names import TAG_COMPARE_A, TAG_COMPARE_B, TAG_COMPARE_MODEL, TAG_KIND, TAG_STAGE
 from temper.registry.bootstrap import CONFIDENCE, DeltaInterval, bootstrap_delta
 from temper.registry.effective_context import FRACTION, effective_context, lost_context
 from temper.registry.samples import version_curves, version_samples
@@ -165,9 +166,9 @@ def comparison_chart(cmp: Comparison, path: str) -> None:
 
 def log_comparison(cmp: Comparison) -> str:
     """One run in the ``registry_ops`` experiment with the table (JSON) and the chart (PNG)."""
-    run_id = lineage.open_run(COMPARE_EXPERIMENT, f"compare-{cmp.model}-v{cmp.a}-v{cmp.b}", tags={
-        lineage.TAG_KIND: "ops", lineage.TAG_STAGE: "compare", "temper.model": cmp.model,
-        "temper.compare.a": cmp.a, "temper.compare.b": cmp.b})
+    run_id = open_run(COMPARE_EXPERIMENT, f"compare-{cmp.model}-v{cmp.a}-v{cmp.b}", tags={
+        TAG_KIND: "ops", TAG_STAGE: "compare", TAG_COMPARE_MODEL: cmp.model,
+        TAG_COMPARE_A: cmp.a, TAG_COMPARE_B: cmp.b})
     c = client()
     try:
         with tempfile.TemporaryDirectory() as tmp:
@@ -176,7 +177,7 @@ def log_comparison(cmp: Comparison) -> str:
             c.log_artifact(run_id, str(png), "compare")
         c.log_dict(run_id, cmp.to_dict(), "compare/comparison.json")
     except Exception:
-        lineage.close_run(run_id, "FAILED")
+        close_run(run_id, "FAILED")
         raise
-    lineage.close_run(run_id)
+    close_run(run_id)
     return run_id

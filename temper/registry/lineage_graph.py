@@ -2,7 +2,7 @@
 
     datasets -> contract validation -> SFT run -> GRPO run -> eval runs -> model version -> aliases
 
-``infra.lineage.lineage_tree`` walks *up* from a run (run -> parent -> datasets). A reviewer
+``infra.tracking.tree.lineage_tree`` walks *up* from a run (run -> parent -> datasets). A reviewer
 also wants the *siblings*: the stage runs under the same lifecycle run (validate, sft, grpo,
 eval), which is what this module adds. Building (``build_graph``) talks to MLflow; assembling
 (``assemble``) and rendering are plain functions over plain data, so they are unit-testable.
@@ -27,8 +27,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from infra import lineage
-from infra.lineage import TAG_BASE_MODEL, TAG_CONFIG_HASH, TAG_GIT, TAG_STAGE, DatasetRef, RunNode
+from infra.tracking.tree import DatasetRef, RunNode, lineage_tree
+from temper.core.tag_names import TAG_BASE_MODEL, TAG_CONFIG_HASH, TAG_DATA_VALIDATION, TAG_DOMAIN, TAG_GIT, TAG_STAGE
 from temper.registry.samples import is_version_eval, lifecycle_run_id, stage_runs
 from temper.registry.store import aliases_of, client, version_of
 from temper.registry.tags import parse_eval_tags
@@ -138,14 +138,14 @@ def assemble(ref: str, version: VersionInfo | None, lifecycle: RunNode | None, s
     validated_sets: list[DatasetRef] = []
     if by_stage.get("validate"):
         for run in by_stage["validate"]:
-            result = run.tags.get("temper.data.validation", "?")
+            result = run.tags.get(TAG_DATA_VALIDATION, "?")
             validation_ids.append(g.add(Node(f"run_{run.run_id}", "validation", "contract validation",
                                              f"{result}, run {run.run_id[:8]}", _run_attrs(run))))
             validated_sets.extend(run.datasets)
     elif lifecycle is not None:
-        if "temper.data.validation" in lifecycle.tags:
+        if TAG_DATA_VALIDATION in lifecycle.tags:
             validation_ids.append(g.add(Node(f"validation_{lifecycle.run_id}", "validation", "contract validation",
-                                             f"{lifecycle.tags['temper.data.validation']}, lifecycle run "
+                                             f"{lifecycle.tags[TAG_DATA_VALIDATION]}, lifecycle run "
                                              f"{lifecycle.run_id[:8]}", _run_attrs(lifecycle))))
         validated_sets.extend(lifecycle.datasets)
     validated = {(d.name, d.digest) for d in validated_sets} if validation_ids else set()
@@ -173,7 +173,7 @@ def assemble(ref: str, version: VersionInfo | None, lifecycle: RunNode | None, s
     layer = []
     # only the version's own evals: the flow also scores the base model under the same lifecycle run
     for run in (r for r in by_stage.get("eval", []) if is_version_eval(r.tags)):
-        domain = run.tags.get("temper.domain", run.name)
+        domain = run.tags.get(TAG_DOMAIN, run.name)
         layer.append(g.add(Node(f"run_{run.run_id}", "eval", f"eval {domain}",
                                 f"{_eval_detail(evals.get(domain, {}))} run {run.run_id[:8]}".strip(),
                                 _run_attrs(run))))
@@ -196,7 +196,7 @@ def assemble(ref: str, version: VersionInfo | None, lifecycle: RunNode | None, s
                 if src != fid and g.nodes[src].kind != "dataset":
                     g.link(src, fid)
         return g
-    base = version.tags.get("temper.base_model")
+    base = version.tags.get(TAG_BASE_MODEL)
     mv_id = g.add(Node(f"mv_{_safe(version.name)}_{version.version}", "model_version",
                        f"{version.name} v{version.version}",
                        " ".join(p for p in (f"base {base}" if base else "",
@@ -211,13 +211,13 @@ def assemble(ref: str, version: VersionInfo | None, lifecycle: RunNode | None, s
 
 def _lifecycle(lifecycle_id: str) -> tuple[RunNode, list[RunNode]]:
     """A lifecycle run and its stage runs, each with its datasets."""
-    return (lineage.lineage_tree(lifecycle_id).run,
-            [lineage.lineage_tree(r.info.run_id).run for r in stage_runs(lifecycle_id)])
+    return (lineage_tree(lifecycle_id).run,
+            [lineage_tree(r.info.run_id).run for r in stage_runs(lifecycle_id)])
 
 
 def _run_graph(ref: str) -> LineageGraph:
     """The graph of a run id: the lifecycle of the run's topmost parent, with the run in it."""
-    focus = lineage.lineage_tree(ref).run
+    focus = lineage_tree(ref).run
     root = focus
     while root.parent is not None:
         root = root.parent

@@ -20,6 +20,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
+from temper.core.tag_names import TAG_LOCK_OWNER, TAG_LOCK_SINCE
 from temper.registry.store import NOT_FOUND_CODES, RegistryOpError, mlflow_message
 
 LOCK_PREFIX = "temper-lock."
@@ -36,7 +37,7 @@ def _try_create(c: Any, name: str, token: str) -> bool:
     from mlflow.exceptions import MlflowException
 
     try:
-        c.create_registered_model(name, tags={"temper.lock.owner": token, "temper.lock.since": f"{time.time():.3f}"},
+        c.create_registered_model(name, tags={TAG_LOCK_OWNER: token, TAG_LOCK_SINCE: f"{time.time():.3f}"},
                                   description="temper: held while an alias of the model moves; deleted after")
         return True
     except MlflowException as e:
@@ -64,10 +65,10 @@ def _break_if_stale(c: Any, name: str, stale_after: float) -> None:
 
     try:
         tags = c.get_registered_model(name).tags
-        since, owner = tags.get("temper.lock.since"), tags.get("temper.lock.owner")
+        since, owner = tags.get(TAG_LOCK_SINCE), tags.get(TAG_LOCK_OWNER)
         if since is None or owner is None or time.time() - float(since) <= stale_after:
             return
-        if c.get_registered_model(name).tags.get("temper.lock.owner") == owner:
+        if c.get_registered_model(name).tags.get(TAG_LOCK_OWNER) == owner:
             c.delete_registered_model(name)
     except MlflowException as e:
         if e.error_code not in NOT_FOUND_CODES:  # released meanwhile: fine
@@ -92,7 +93,7 @@ def model_lock(c: Any, model: str, *, timeout: float = TIMEOUT_S, stale_after: f
         yield
     finally:
         try:  # only our own lock: after ours was broken as stale, the lock there is someone else's
-            if c.get_registered_model(name).tags.get("temper.lock.owner") == token:
+            if c.get_registered_model(name).tags.get(TAG_LOCK_OWNER) == token:
                 c.delete_registered_model(name)
         except MlflowException:
             pass  # broken as stale by someone else; nothing to release

@@ -60,11 +60,11 @@ def _card(model_dir: Path, description: str) -> Any:
 
 def _dataset_entity(m: EvalMetrics) -> Any:
     """The MLflow dataset a metric refers to: name = domain, digest = sha256[:32] (as in lineage)."""
-    # lazy: mlflow+pydantic_settings (1.7 s), via lineage, would load in fast unit tests (test_domain_roles.py)
+    # lazy: mlflow+pydantic_settings (1.7 s), via infra.tracking, would load in fast unit tests (test_domain_roles.py)
     from mlflow.data.dataset_source_registry import resolve_dataset_source
     from mlflow.entities import Dataset
 
-    from infra.lineage import MLFLOW_DIGEST_LEN
+    from infra.tracking.runs import MLFLOW_DIGEST_LEN
 
     source = resolve_dataset_source(m.dataset_uri)
     return Dataset(name=m.domain, digest=m.dataset_sha256[:MLFLOW_DIGEST_LEN], source_type=source._get_source_type(),

@@ -11,6 +11,13 @@ import json
 from typing import Any
 
 from temper.core.errors import TrackingError
+from temper.core.tag_names import (
+    TAG_CANDIDATE_REASON,
+    TAG_GATE_DELTAS,
+    TAG_GATE_PASSED,
+    TAG_GATE_REASON,
+    TAG_LIFECYCLE_RUN,
+)
 from temper.registry.aliases import record_flow_alias
 from temper.registry.gate import GateDecision
 from temper.registry.samples import Samples, eval_curve, eval_samples, version_curves, version_samples
@@ -86,7 +93,7 @@ def lifecycle_version(c: Any, model_name: str, lifecycle_run: str | None) -> Any
     if not lifecycle_run:
         return None
     found = [mv for mv in c.search_model_versions(f"name = '{model_name}'")
-             if mv.tags.get("temper.lifecycle_run") == lifecycle_run]
+             if mv.tags.get(TAG_LIFECYCLE_RUN) == lifecycle_run]
     return min(found, key=lambda mv: int(mv.version)) if found else None
 
 
@@ -102,15 +109,15 @@ def register_version(model_name: str, source: str, run_id: str, *, eval_results:
     """
     c = client()
     ensure_registered_model(c, model_name)
-    mv = lifecycle_version(c, model_name, tags.get("temper.lifecycle_run")) or c.create_model_version(
+    mv = lifecycle_version(c, model_name, tags.get(TAG_LIFECYCLE_RUN)) or c.create_model_version(
         name=model_name, source=source, run_id=run_id, model_id=model_id,
-        tags={**tags, **eval_tags(eval_results), "temper.gate.passed": str(decision.passed).lower(),
-              "temper.gate.reason": decision.reason, "temper.gate.deltas": json.dumps(decision.deltas)})
+        tags={**tags, **eval_tags(eval_results), TAG_GATE_PASSED: str(decision.passed).lower(),
+              TAG_GATE_REASON: decision.reason, TAG_GATE_DELTAS: json.dumps(decision.deltas)})
     version = version_of(mv)
     chosen = alias if decision.passed else fallback_alias
     if aliases_of(registered_model(c, model_name)).get(chosen) != version:
         record_flow_alias(c, model_name, chosen, version, reason=f"post_training gate: {decision.reason}",
                           gate=decision.reason)
     if not decision.passed:
-        c.set_model_version_tag(model_name, version, "temper.candidate_reason", decision.reason)
+        c.set_model_version_tag(model_name, version, TAG_CANDIDATE_REASON, decision.reason)
     return {"name": model_name, "version": version, "alias": chosen, "source": mv.source}

@@ -12,14 +12,17 @@ import json
 from typing import Any
 
 from temper.core.errors import TrackingError
+from temper.core.tag_names import (
+    PARENT_TAG,
+    TAG_CONTEXT_CURVE,
+    TAG_DOMAIN,
+    TAG_EVAL_LABEL,
+    TAG_LIFECYCLE_RUN,
+    TAG_STAGE,
+)
 from temper.registry.store import client, mlflow_message
 
 EVAL_SAMPLES_ARTIFACT = "eval/{domain}.jsonl"
-LIFECYCLE_RUN_TAG = "temper.lifecycle_run"
-STAGE_TAG = "temper.stage"
-DOMAIN_TAG = "temper.domain"
-LABEL_TAG = "temper.eval.label"  # 'base' or 'candidate': which model of the lifecycle an eval run scored
-CONTEXT_TAG = "temper.eval.context_curve"  # 'true' on eval runs whose samples carry their prompt lengths
 VERSION_LABEL = "candidate"  # the label of the evals that belong to the registered version
 
 Samples = list[tuple[str, float | None]]
@@ -94,24 +97,24 @@ def eval_curve(run_id: str, domain: str) -> list[tuple[int, float | None]] | Non
 
 def lifecycle_run_id(mv: Any) -> str | None:
     """The lifecycle (parent) run that produced a model version: its tag, else its run's parent."""
-    if mv.tags.get(LIFECYCLE_RUN_TAG):
-        return mv.tags[LIFECYCLE_RUN_TAG]
+    if mv.tags.get(TAG_LIFECYCLE_RUN):
+        return mv.tags[TAG_LIFECYCLE_RUN]
     if not mv.run_id:
         return None
-    return client().get_run(mv.run_id).data.tags.get("mlflow.parentRunId")
+    return client().get_run(mv.run_id).data.tags.get(PARENT_TAG)
 
 
 def stage_runs(lifecycle_id: str) -> list[Any]:
     """Child runs (validate, sft, grpo, eval, register, ...) of a lifecycle run, oldest first."""
     c = client()
     parent = c.get_run(lifecycle_id)
-    return c.search_runs([parent.info.experiment_id], filter_string=f"tags.`mlflow.parentRunId` = '{lifecycle_id}'",
+    return c.search_runs([parent.info.experiment_id], filter_string=f"tags.`{PARENT_TAG}` = '{lifecycle_id}'",
                          order_by=["attributes.start_time ASC"], max_results=1000)
 
 
 def is_version_eval(tags: dict[str, str]) -> bool:
     """An eval stage run of the version itself: the candidate's, or unlabelled (runs logged before labels)."""
-    return tags.get(STAGE_TAG) == "eval" and tags.get(LABEL_TAG, VERSION_LABEL) == VERSION_LABEL
+    return tags.get(TAG_STAGE) == "eval" and tags.get(TAG_EVAL_LABEL, VERSION_LABEL) == VERSION_LABEL
 
 
 def _version_evals(mv: Any, only_curves: bool = False):
@@ -120,9 +123,9 @@ def _version_evals(mv: Any, only_curves: bool = False):
     if not lifecycle:
         return
     for run in stage_runs(lifecycle):
-        if not is_version_eval(run.data.tags) or (only_curves and run.data.tags.get(CONTEXT_TAG) != "true"):
+        if not is_version_eval(run.data.tags) or (only_curves and run.data.tags.get(TAG_CONTEXT_CURVE) != "true"):
             continue
-        domains = [run.data.tags[DOMAIN_TAG]] if run.data.tags.get(DOMAIN_TAG) else \
+        domains = [run.data.tags[TAG_DOMAIN]] if run.data.tags.get(TAG_DOMAIN) else \
             [a.path.removeprefix("eval/").removesuffix(".jsonl")
              for a in client().list_artifacts(run.info.run_id, "eval") if a.path.endswith(".jsonl")]
         for d in domains:

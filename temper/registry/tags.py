@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from typing import Any
 
-PREFIX = "temper.eval."
-EVAL_TAG = PREFIX + "{domain}.{metric}"
+from temper.core.tag_names import EVAL_PREFIX, EVAL_TAG
+
 METRICS = ("mean_reward", "pass_rate", "n")
 
 
@@ -28,9 +28,9 @@ def parse_eval_tags(tags: dict[str, str]) -> dict[str, dict[str, float]]:
     """
     out: dict[str, dict[str, float]] = {}
     for key, value in tags.items():
-        if not key.startswith(PREFIX):
+        if not key.startswith(EVAL_PREFIX):
             continue
-        domain, _, metric = key.removeprefix(PREFIX).rpartition(".")
+        domain, _, metric = key.removeprefix(EVAL_PREFIX).rpartition(".")
         if not domain or metric not in METRICS:
             continue
         try:

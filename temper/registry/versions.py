@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any
 
+from temper.core.tag_names import TAG_BASE_MODEL, TAG_GATE_PASSED
 from temper.registry.store import RegistryError, aliases_of, client, registered_model, version_of
 from temper.registry.tags import parse_eval_tags
 
@@ -87,10 +88,10 @@ def _iso(ms: int | None) -> str:
 
 def _datasets_of(model: str, version: str) -> list[dict[str, str]]:
     """Datasets on the version's run and its ancestors (the lifecycle run holds the training data)."""
-    # lazy: pydantic_settings (130 ms), via lineage, would load in fast unit tests (test_training_charts.py)
-    from infra import lineage
+    # lazy: pydantic_settings (130 ms), via infra.tracking, would load in fast unit tests (test_training_charts.py)
+    from infra.tracking.tree import lineage_tree
 
-    node = lineage.lineage_tree(f"{model}/{version}").run
+    node = lineage_tree(f"{model}/{version}").run
     seen: dict[tuple[str, str], dict[str, str]] = {}
     while node is not None:
         for d in node.datasets:
@@ -116,9 +117,9 @@ def list_versions(model: str) -> list[VersionSummary]:
 def summarize(mv: Any, aliases: list[str], datasets: list[dict[str, str]]) -> VersionSummary:
     """One version as ``temper models list`` shows it, typed (MLflow tags are strings): the gate's
     verdict a bool (None when the version has none), eval counts ints."""
-    passed = {"true": True, "false": False}.get(str(mv.tags.get("temper.gate.passed", "")).lower())
+    passed = {"true": True, "false": False}.get(str(mv.tags.get(TAG_GATE_PASSED, "")).lower())
     return VersionSummary(version=version_of(mv), aliases=aliases, created=_iso(mv.creation_timestamp),
-                          base_model=mv.tags.get("temper.base_model"), datasets=datasets,
+                          base_model=mv.tags.get(TAG_BASE_MODEL), datasets=datasets,
                           evals=parse_eval_tags(mv.tags), gate_passed=passed, run_id=mv.run_id)
 
 

@@ -19,11 +19,10 @@ from mlflow.tracking import MlflowClient
 from pydantic import BaseModel, Field
 
 from temper.core.errors import TemperError
+from temper.core.tag_names import PARITY_TAG, TAG_SERVING_DRAFT, TAG_SERVING_PROFILE, TAG_SERVING_STANDARD_VERSION
 from temper.registry.registration import ensure_registered_model
 from temper.rollout.decoding import SamplingParams
 from temper.rollout.engine import Engine
-
-PROFILE_TAG = "temper.serving.profile"
 
 
 class ParityFailed(TemperError):
@@ -48,11 +47,11 @@ class ParityReport(BaseModel):
     speedup: float = Field(description="standard_s / fast_s, measured in this run (identical outputs only).")
 
     def tags(self) -> dict[str, str]:
-        return {"temper.parity.passed": str(self.passed).lower(), "temper.parity.reason": self.reason[:500],
-                "temper.parity.prompts": str(self.prompts), "temper.parity.tokens": str(self.tokens),
-                "temper.parity.mismatches": str(len(self.mismatches)),
-                "temper.parity.speedup": f"{self.speedup:.3f}",
-                "temper.parity.standard_s": f"{self.standard_s:.3f}", "temper.parity.fast_s": f"{self.fast_s:.3f}"}
+        fields = {"passed": str(self.passed).lower(), "reason": self.reason[:500], "prompts": str(self.prompts),
+                  "tokens": str(self.tokens), "mismatches": str(len(self.mismatches)),
+                  "speedup": f"{self.speedup:.3f}", "standard_s": f"{self.standard_s:.3f}",
+                  "fast_s": f"{self.fast_s:.3f}"}
+        return {PARITY_TAG.format(field=k): v for k, v in fields.items()}
 
 
 def _run(engine: Engine, prompts: list[str], params: SamplingParams) -> tuple[list[list[int]], float]:
@@ -97,18 +96,19 @@ def register_serving_profiles(model_name: str, source: str, report: ParityReport
                               run_id: str | None = None, alias: str = "serving") -> dict[str, Any]:
     """Two versions of ``model_name``: ``<alias>-standard`` and, if the gate passed, ``<alias>-fast``.
 
-    MLflow must already point at the tracking store (``infra.lineage.configure``).
+    MLflow must already point at the tracking store (``infra.tracking.connection.configure``).
     """
     client = MlflowClient()
     ensure_registered_model(client, model_name)
     std = client.create_model_version(name=model_name, source=source, run_id=run_id,
-                                      tags={PROFILE_TAG: "standard"})
+                                      tags={TAG_SERVING_PROFILE: "standard"})
     client.set_registered_model_alias(model_name, f"{alias}-standard", std.version)
     fast_alias = f"{alias}-fast" if report.passed else f"{alias}-fast-blocked"
     fast = client.create_model_version(
         name=model_name, source=source, run_id=run_id,
-        tags={PROFILE_TAG: "fast", "temper.serving.draft": draft, "temper.serving.standard_version": str(std.version),
-              **report.tags(), "temper.parity.detail": json.dumps([m.model_dump() for m in report.mismatches[:5]])})
+        tags={TAG_SERVING_PROFILE: "fast", TAG_SERVING_DRAFT: draft, TAG_SERVING_STANDARD_VERSION: str(std.version),
+              **report.tags(),
+              PARITY_TAG.format(field="detail"): json.dumps([m.model_dump() for m in report.mismatches[:5]])})
     client.set_registered_model_alias(model_name, fast_alias, fast.version)
     out = {"standard": {"version": std.version, "alias": f"{alias}-standard"},
            "fast": {"version": fast.version, "alias": fast_alias, "passed": report.passed,

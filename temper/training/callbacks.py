@@ -16,9 +16,11 @@ from typing import Any, Callable
 
 from transformers import TrainerCallback
 
-from infra import lineage
+from infra.tracking.connection import configure, outage_named
+from infra.tracking.runs import code_version, config_hash, log_dataset, open_keyed_run, use_experiment
 from temper.agent import trajectories
 from temper.core.settings import Settings
+from temper.core.tag_names import CONTEXT_TRAINING, TAG_BASE_MODEL, TAG_CONFIG_HASH, TAG_GIT, TAG_KIND, TAG_STAGE
 from temper.training import checkpoint as ckpt
 from temper.training.charts import curriculum_weights_csv, domain_heatmap_png, domain_table_csv, read_metrics
 from temper.training.config import TrainConfig, TrainingError
@@ -28,7 +30,6 @@ from temper.training.export import log_and_register, reward_curve_png
 from temper.training.progress import progress_line
 from temper.training.rewards import DomainRewards, merge_summaries, step_totals
 from temper.training.throughput import RolloutTimer, model_flops_utilization
-
 
 SAMPLED_TRAJECTORIES = 2  # episodes per multi-step domain and logging step shown as MLflow artifacts
 
@@ -108,14 +109,14 @@ class TemperCallback(TrainerCallback):
         # lazy: mlflow (1.6 s) would load in fast unit tests (test_domain_roles.py)
         import mlflow
 
-        lineage.configure(self.settings, wait=True)
-        with lineage.outage_named(f"the start of {self.cfg.mode} run {self.cfg.run_name}"):
-            lineage.use_experiment(self.cfg.mlflow_experiment, self.settings)
+        configure(self.settings, wait=True)
+        with outage_named(f"the start of {self.cfg.mode} run {self.cfg.run_name}"):
+            use_experiment(self.cfg.mlflow_experiment, self.settings)
             parent = os.environ.get("TEMPER_PARENT_RUN_ID")
             name, key = f"{self.cfg.mode}-{self.cfg.run_name}", ckpt.record_key(self.cfg, self.settings)
-            run_id, existed = lineage.open_keyed_run(self.cfg.mlflow_experiment, key, name, parent_run_id=parent, tags={
-                    lineage.TAG_KIND: "stage", lineage.TAG_STAGE: self.cfg.mode, lineage.TAG_GIT: lineage.code_version(),
-                    lineage.TAG_CONFIG_HASH: lineage.config_hash(self.cfg), lineage.TAG_BASE_MODEL: self.base_model})
+            run_id, existed = open_keyed_run(self.cfg.mlflow_experiment, key, name, parent_run_id=parent, tags={
+                    TAG_KIND: "stage", TAG_STAGE: self.cfg.mode, TAG_GIT: code_version(),
+                    TAG_CONFIG_HASH: config_hash(self.cfg), TAG_BASE_MODEL: self.base_model})
             self.mlflow_run = mlflow.start_run(run_id=run_id)
             if existed:  # a resumed run continues the same MLflow run
                 return
@@ -124,7 +125,7 @@ class TemperCallback(TrainerCallback):
             mlflow.log_params({"device": self.placement.device.split(":")[0], "precision": self.placement.precision,
                                "world_size": self.cfg.world_size})
             for name, frame in self.frames.items():
-                lineage.log_dataset(name, frame, self.uris[name], self.digests[name], context="training")
+                log_dataset(name, frame, self.uris[name], self.digests[name], context=CONTEXT_TRAINING)
 
     def on_step_begin(self, args, state, control, **kw):
         self._t_step = time.perf_counter()
@@ -178,7 +179,7 @@ class TemperCallback(TrainerCallback):
             # lazy: mlflow (1.6 s) would load in fast unit tests (test_domain_roles.py)
             import mlflow
 
-            with lineage.outage_named(f"the metrics of {self.cfg.mode} step {state.global_step}"):
+            with outage_named(f"the metrics of {self.cfg.mode} step {state.global_step}"):
                 mlflow.log_metrics({k.replace("/", "_") if k.startswith(("reward/", "pass_rate/", "none_rate/", "weight/"))
                                     else k: v for k, v in row.items() if k != "step"}, step=state.global_step)
                 self._log_trajectories(state.global_step)
@@ -233,7 +234,7 @@ class TemperCallback(TrainerCallback):
         """Rank 0: reward-curve artifact, model folder logged and registered."""
         if self.mlflow_run is None:
             return
-        with lineage.outage_named(f"the end of {self.cfg.mode} run {self.cfg.run_name}"):
+        with outage_named(f"the end of {self.cfg.mode} run {self.cfg.run_name}"):
             self._finish(result)
 
     def _finish(self, result: dict[str, Any]) -> None:

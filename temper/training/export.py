@@ -11,6 +11,7 @@ import json
 import shutil
 from pathlib import Path
 
+from temper.core.tag_names import TAG_FORMAT
 from temper.registry.model_store import log_hf_model
 from temper.registry.registration import ensure_registered_model
 from temper.training.charts import MAX_CURVES
@@ -88,7 +89,7 @@ def log_and_register(model_dir: str | Path, name: str) -> str:
     client = MlflowClient()
     ensure_registered_model(client, name)
     mv = client.create_model_version(name=name, source=logged.model_uri, run_id=run.info.run_id,
-                                     model_id=logged.model_id, tags={"temper.format": "mlflow-transformers"})
+                                     model_id=logged.model_id, tags={TAG_FORMAT: "mlflow-transformers"})
     return str(mv.version)
 
 

@@ -16,6 +16,8 @@ from pathlib import Path
 import pytest
 import requests
 
+from temper.core.tag_names import TAG_STAGE
+
 BIN = Path(sys.executable).parent
 
 
@@ -222,7 +224,7 @@ class RestartableMlflow:
         """Steps of GRPO loss the store holds so far (read from the sqlite file, whether or not the server is up)."""
         with sqlite3.connect(self.root / "mlflow.db") as db:
             row = db.execute("SELECT COUNT(*) FROM metrics m JOIN tags t ON t.run_uuid = m.run_uuid "
-                             "WHERE t.key = 'temper.stage' AND t.value = 'grpo' AND m.key = 'loss'").fetchone()
+                             "WHERE t.key = ? AND t.value = 'grpo' AND m.key = 'loss'", (TAG_STAGE,)).fetchone()
         return row[0]
 
 

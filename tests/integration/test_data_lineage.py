@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import json
 
-
 from temper.cli import main
+from temper.core.tag_names import TAG_DATA_VALIDATION, TAG_GIT
 
 
 def test_generate_validate_and_lineage_round_trip(tracked, capsys):
@@ -25,8 +25,8 @@ def test_generate_validate_and_lineage_round_trip(tracked, capsys):
     assert set(inputs) == {"arithmetic", "tool_calls"}
     assert len(inputs["arithmetic"].digest) == 32
     assert "arithmetic.jsonl" in inputs["arithmetic"].source
-    assert run.data.tags["temper.data.validation"] == "pass"
-    assert run.data.tags["temper.git_commit"]
+    assert run.data.tags[TAG_DATA_VALIDATION] == "pass"
+    assert run.data.tags[TAG_GIT]
     artifacts = [a.path for a in client.list_artifacts(run.info.run_id, "validation")]
     assert "validation/report.json" in artifacts and "validation/data_docs" in artifacts
 
@@ -39,10 +39,10 @@ def test_generate_validate_and_lineage_round_trip(tracked, capsys):
 
 
 def test_violation_fails_with_named_expectation_then_passes_when_fixed(temper_home, capsys):
-    from temper.data.catalog import load_catalog
-    from temper.data.datasets import read_dataset, serialize_dataset
     from infra.storage import write_bytes_atomic
     from temper.core.settings import get_settings
+    from temper.data.catalog import load_catalog
+    from temper.data.datasets import read_dataset, serialize_dataset
 
     assert main(["data", "generate", "--domain", "arithmetic"]) == 0
     domain = load_catalog(get_settings().catalog_dir)["arithmetic"]

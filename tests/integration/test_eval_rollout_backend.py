@@ -39,8 +39,10 @@ def test_eval_records_sharing_a_document_reuse_its_kv_and_the_hit_rate_is_logged
     import mlflow
     from transformers import AutoTokenizer
 
+    from infra.tracking.connection import configure
+    from infra.tracking.runs import open_run
+    from temper.core.tag_names import TAG_KIND
     from temper.lifecycle.evaluation import record_eval
-    from infra import lineage
     from temper.training.tiny import init_tiny
     from workloads.evaluate import EvalResult, RolloutGenerator
 
@@ -63,8 +65,8 @@ def test_eval_records_sharing_a_document_reuse_its_kv_and_the_hit_rate_is_logged
     result = EvalResult(domain="shared_doc", model=model, dataset_uri="memory://", dataset_sha256="0" * 64, n=2,
                         scored=2, mean_reward=0.0, pass_rate=0.0, rewards=[0.0, 0.0], ids=["a", "b"],
                         prompt_tokens=gen.prompt_tokens, cached_prompt_tokens=gen.cached_prompt_tokens)
-    lineage.configure()
-    parent = lineage.open_run("post_training", "pt-reuse", tags={lineage.TAG_KIND: "lifecycle"})
+    configure()
+    parent = open_run("post_training", "pt-reuse", tags={TAG_KIND: "lifecycle"})
     metrics = mlflow.MlflowClient().get_run(record_eval(result.to_dict(), "candidate", parent)).data.metrics
     assert metrics["prompt_hit_rate"] == shared / gen.prompt_tokens > 0.4
     assert metrics["cached_prompt_tokens"] == shared

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from temper.core.tag_names import PARENT_TAG, TAG_STAGE
 from tests.integration.conftest import generate
 
 pytestmark = pytest.mark.slow
@@ -51,11 +52,11 @@ def test_mlflow_down_during_grpo_loses_nothing_and_the_run_finishes(own_mlflow):
     client = MlflowClient(own_mlflow.uri)
     lifecycle = client.get_run(state.result()["lifecycle_run_id"])
     assert lifecycle.info.status == "FINISHED"
-    children = client.search_runs([lifecycle.info.experiment_id], f"tags.mlflow.parentRunId = '{lifecycle.info.run_id}'")
-    grpo = next(r for r in children if r.data.tags.get("temper.stage") == "grpo")
+    children = client.search_runs([lifecycle.info.experiment_id], f"tags.`{PARENT_TAG}` = '{lifecycle.info.run_id}'")
+    grpo = next(r for r in children if r.data.tags.get(TAG_STAGE) == "grpo")
     assert grpo.info.status == "FINISHED"
     assert sorted(m.step for m in client.get_metric_history(grpo.info.run_id, "loss")) == list(range(1, steps + 1))
-    assert {"grpo", "register"} <= {r.data.tags.get("temper.stage") for r in children}
+    assert {"grpo", "register"} <= {r.data.tags.get(TAG_STAGE) for r in children}
 
 
 def test_s3_outage_during_checkpoint_uploads_is_retried_and_a_long_one_resumes_from_the_last_complete(

@@ -14,9 +14,19 @@ import pytest
 import yaml
 
 from temper.core.settings import get_settings
+from temper.core.tag_names import (
+    DATA_CONTEXT,
+    EVAL_TAG,
+    PARENT_TAG,
+    TAG_DATA_VALIDATION,
+    TAG_DOMAIN,
+    TAG_EVAL_LABEL,
+    TAG_GATE_DELTAS,
+    TAG_GATE_PASSED,
+    TAG_STAGE,
+)
 from temper.data.catalog import load_catalog
 from temper.data.datasets import load_dataset
-
 
 pytestmark = pytest.mark.slow  # trains or runs whole benchmarks: `make test-fast` skips it
 
@@ -85,19 +95,20 @@ def test_post_training_end_to_end_then_evaluate_and_retrain(flow_env, mlflow_ser
     reg = result["registered"]
     mv = client.get_model_version_by_alias(MODEL, "champion")  # first version, no champion before: passes
     assert str(mv.version) == str(reg["version"]) and reg["alias"] == "champion"
-    assert float(mv.tags["temper.eval.multiplication.mean_reward"]) == pytest.approx(result["after"]["multiplication"])
+    mean = float(mv.tags[EVAL_TAG.format(domain="multiplication", metric="mean_reward")])
+    assert mean == pytest.approx(result["after"]["multiplication"])
     lifecycle = client.get_run(result["lifecycle_run_id"])
     assert lifecycle.info.status == "FINISHED"
     digests = {d.dataset.name: d.dataset.digest for d in lifecycle.inputs.dataset_inputs}
     assert set(digests) == {"arithmetic", "multiplication"} and all(len(v) == 32 for v in digests.values())
-    contexts = {d.dataset.name: {t.key: t.value for t in d.tags}["mlflow.data.context"]
+    contexts = {d.dataset.name: {t.key: t.value for t in d.tags}[DATA_CONTEXT]
                 for d in lifecycle.inputs.dataset_inputs}
     assert contexts == {"arithmetic": "evaluation", "multiplication": "training"}  # retrain compares the latter
     children = client.search_runs([lifecycle.info.experiment_id],
-                                  f"tags.mlflow.parentRunId = '{lifecycle.info.run_id}'")
-    stages = sorted(r.data.tags.get("temper.stage", "") for r in children)
+                                  f"tags.`{PARENT_TAG}` = '{lifecycle.info.run_id}'")
+    stages = sorted(r.data.tags.get(TAG_STAGE, "") for r in children)
     assert stages.count("eval") == 4 and {"sft", "grpo", "register"} <= set(stages), stages
-    sft_run = next(r for r in children if r.data.tags.get("temper.stage") == "sft")
+    sft_run = next(r for r in children if r.data.tags.get(TAG_STAGE) == "sft")
     assert "loss" in sft_run.data.metrics
     # each training job got the digests its contracts passed, and would refuse any other bytes
     catalog = load_catalog(get_settings().catalog_dir)
@@ -141,9 +152,9 @@ def test_contract_violation_stops_before_any_training(flow_env, mlflow_server):
 
     from flows.post_training import post_training
     from infra.storage import write_bytes_atomic
+    from temper.core.settings import get_settings
     from temper.data.catalog import load_catalog
     from temper.data.datasets import read_dataset, serialize_dataset
-    from temper.core.settings import get_settings
 
     d = load_catalog(get_settings().catalog_dir)["multiplication"]
     df = read_dataset(d)
@@ -161,7 +172,7 @@ def test_contract_violation_stops_before_any_training(flow_env, mlflow_server):
     client = MlflowClient(mlflow_server)
     assert not client.search_registered_models("name = 'temper-violation'")
     runs = client.search_runs([client.get_experiment_by_name("post_training").experiment_id],
-                              "tags.`temper.data.validation` = 'fail'")
+                              f"tags.`{TAG_DATA_VALIDATION}` = 'fail'")
     assert runs and runs[0].info.status == "FAILED"
 
 
@@ -172,11 +183,11 @@ def test_retrain_on_changed_data_registers_a_gated_version_then_rests(flow_env, 
 
     from flows.post_training import post_training
     from flows.retrain import retrain
+    from temper.core.settings import get_settings
     from temper.data.catalog import load_catalog
     from temper.data.datasets import DATASET_LISTENERS, read_dataset, write_dataset
-    from temper.registry.gate import PromotionPolicy
     from temper.lifecycle.params import EvalSettings, GRPOSettings, RetrainParams, SFTStage
-    from temper.core.settings import get_settings
+    from temper.registry.gate import PromotionPolicy
 
     name = "temper-retrain"
     # a multi-step domain (ledger_tasks) trained in the same GRPO run as the single-turn ones, and evaluated
@@ -205,8 +216,8 @@ def test_retrain_on_changed_data_registers_a_gated_version_then_rests(flow_env, 
     v2 = str(again["registered"]["version"])
     assert v2 != v1 and again["registered"]["alias"] == "candidate"
     mv2 = client.get_model_version(name, v2)
-    assert mv2.tags["temper.gate.passed"] == "false"
-    assert set(json.loads(mv2.tags["temper.gate.deltas"])) == set(domains)  # vs the champion
+    assert mv2.tags[TAG_GATE_PASSED] == "false"
+    assert set(json.loads(mv2.tags[TAG_GATE_DELTAS])) == set(domains)  # vs the champion
     assert str(client.get_model_version_by_alias(name, "champion").version) == v1
 
     # Unchanged data after a failed candidate: the latest version (v2, @candidate) was trained on it.
@@ -228,8 +239,8 @@ def _assert_multi_step_domain_visible(client, lifecycle_run_id: str) -> None:
     from temper.agent.environment import ENDINGS
 
     children = client.search_runs([client.get_run(lifecycle_run_id).info.experiment_id],
-                                  f"tags.mlflow.parentRunId = '{lifecycle_run_id}'")
-    (grpo,) = [r for r in children if r.data.tags.get("temper.stage") == "grpo"]
+                                  f"tags.`{PARENT_TAG}` = '{lifecycle_run_id}'")
+    (grpo,) = [r for r in children if r.data.tags.get(TAG_STAGE) == "grpo"]
     metrics = grpo.data.metrics
     assert {"reward_arithmetic", "reward_multiplication", "reward_ledger_tasks"} <= set(metrics), sorted(metrics)
     history = client.get_metric_history(grpo.info.run_id, "episodes/ledger_tasks/turns_per_episode")
@@ -242,8 +253,8 @@ def _assert_multi_step_domain_visible(client, lifecycle_run_id: str) -> None:
     page = mlflow.artifacts.load_text(f"runs:/{grpo.info.run_id}/{pages[0]}")
     assert page.startswith("# ledger_tasks episode:") and "## Turn 1" in page and "Action:" in page
     for label in ("base", "candidate"):
-        (run,) = [r for r in children if r.data.tags.get("temper.stage") == "eval"
-                  and r.data.tags.get("temper.domain") == "ledger_tasks" and r.data.tags.get("temper.eval.label") == label]
+        (run,) = [r for r in children if r.data.tags.get(TAG_STAGE) == "eval"
+                  and r.data.tags.get(TAG_DOMAIN) == "ledger_tasks" and r.data.tags.get(TAG_EVAL_LABEL) == label]
         m = run.data.metrics
         assert sum(m[f"ended_{e}"] for e in ENDINGS) == m["scored"] == 8 and m["turns_per_episode"] >= 1
         samples = [json.loads(x) for x in mlflow.artifacts.load_text(

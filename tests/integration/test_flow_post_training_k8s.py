@@ -26,6 +26,8 @@ import time
 import pytest
 from kubernetes import client as k
 
+from temper.core.tag_names import EVAL_TAG, PARENT_TAG
+
 pytestmark = pytest.mark.slow
 
 # generated into the moto bucket by flow_env (s3_env first); python_functions is verified in sandboxes
@@ -234,7 +236,7 @@ def stage_metric(lifecycle_run_id: str, stage: str, key: str) -> dict[int, float
 
     client = MlflowClient()
     experiments = [e.experiment_id for e in client.search_experiments()]
-    runs = client.search_runs(experiments, filter_string=f"tags.`mlflow.parentRunId` = '{lifecycle_run_id}'")
+    runs = client.search_runs(experiments, filter_string=f"tags.`{PARENT_TAG}` = '{lifecycle_run_id}'")
     runs = sorted((r for r in runs if r.info.run_name.startswith(f"{stage}-")), key=lambda r: r.info.start_time)
     losses: dict[int, float] = {}
     for run in runs:
@@ -313,7 +315,7 @@ def test_post_training_on_the_cluster_equals_the_local_run(on_cluster, k8s_worke
     assert remote["after"] == local["after"] and remote["before"] == local["before"], (remote, local)
     mv = MlflowClient().get_model_version("temper-k8s-kubernetes", remote["registered"]["version"])
     for domain, mean in remote["after"].items():
-        assert float(mv.tags[f"temper.eval.{domain}.mean_reward"]) == pytest.approx(mean)
+        assert float(mv.tags[EVAL_TAG.format(domain=domain, metric="mean_reward")]) == pytest.approx(mean)
 
     batch, core = k.BatchV1Api(on_cluster.api_client), k.CoreV1Api(on_cluster.api_client)
     jobs = {j.metadata.name: j for j in batch.list_namespaced_job(NS).items}

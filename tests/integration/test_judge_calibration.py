@@ -7,6 +7,8 @@ import uuid
 
 import pytest
 
+from temper.core.tag_names import TAG_CALIBRATION_STATUS, TAG_DOMAIN
+
 RUBRIC = {"name": "t", "criteria": [{"name": "c", "description": "good"}], "scale": {"min": 1, "max": 5}}
 
 
@@ -27,8 +29,14 @@ def test_calibration_round_trip_latest_wins_and_feeds_the_gate(tracked):
     from mlflow.tracking import MlflowClient
 
     from temper.data.domain import Domain
-    from temper.judges.calibration import (EXPERIMENT, CalibrationPolicy, agreement, apply_calibration_gate,
-                                           calibration_status, log_calibration)
+    from temper.judges.calibration import (
+        EXPERIMENT,
+        CalibrationPolicy,
+        agreement,
+        apply_calibration_gate,
+        calibration_status,
+        log_calibration,
+    )
 
     name = f"cal_{uuid.uuid4().hex[:8]}"
     policy = CalibrationPolicy(min_n=5)
@@ -42,7 +50,7 @@ def test_calibration_round_trip_latest_wins_and_feeds_the_gate(tracked):
 
     run = MlflowClient(tracked).get_run(first.run_id)
     assert MlflowClient(tracked).get_experiment(run.info.experiment_id).name == EXPERIMENT
-    assert run.data.tags["temper.domain"] == name and run.data.tags["temper.calibration.status"] == "verified"
+    assert run.data.tags[TAG_DOMAIN] == name and run.data.tags[TAG_CALIBRATION_STATUS] == "verified"
     assert run.data.metrics == {"n": 7.0, "spearman": pytest.approx(1.0), "kappa": 1.0}
     assert run.data.params["min_n"] == "5"
     (ds,) = run.inputs.dataset_inputs

@@ -10,8 +10,10 @@ import json
 import mlflow
 import pytest
 
-from infra import lineage
+from infra.tracking.connection import configure
+from infra.tracking.runs import open_run
 from temper.core.settings import get_settings
+from temper.core.tag_names import TAG_EFFECTIVE_CONTEXT, TAG_KIND
 from temper.data.catalog import load_catalog
 from temper.data.datasets import load_dataset
 from temper.lifecycle.evaluation import record_eval, summary
@@ -35,11 +37,11 @@ def test_tiny_model_eval_records_lengths_and_says_not_measurable(tracked, tiny_m
     (result,) = evaluate_domains(str(tiny_model()), [DOMAIN], limit=25, max_new_tokens=8)
     assert sorted(set(result.context_lengths)) == [448, 1024, 2048, 4096, 8192]
     assert result.too_long == 20  # only the 448-token prompts fit 512 positions with 8 new tokens
-    lineage.configure()
-    parent = lineage.open_run("post_training", "pt-long", tags={lineage.TAG_KIND: "lifecycle"})
+    configure()
+    parent = open_run("post_training", "pt-long", tags={TAG_KIND: "lifecycle"})
     run_id = record_eval(result.to_dict(), "candidate", parent)
     run = mlflow.MlflowClient().get_run(run_id)
-    assert run.data.tags["temper.eval.effective_context"].startswith("not measurable (short-context accuracy 0.00")
+    assert run.data.tags[TAG_EFFECTIVE_CONTEXT].startswith("not measurable (short-context accuracy 0.00")
     assert "effective_context_tokens" not in run.data.metrics and run.data.metrics["short_context_accuracy"] == 0.0
     table = json.loads(mlflow.artifacts.load_text(f"runs:/{run_id}/eval/{DOMAIN}-context.json"))
     assert table["lengths"] == [448, 1024, 2048, 4096, 8192] and table["n"] == [5] * 5 and not table["measurable"]
@@ -53,8 +55,8 @@ def test_a_candidate_that_reads_less_of_the_context_is_held_back_by_the_gate(tra
     domain = load_catalog(get_settings().catalog_dir)[DOMAIN]
     frame = load_dataset(domain, get_settings()).frame
     answers = {domain.render_prompt(r): r["answer"] for r in frame.to_dict(orient="records")}
-    lineage.configure()
-    parent = lineage.open_run("post_training", "pt-long-gate", tags={lineage.TAG_KIND: "lifecycle"})
+    configure()
+    parent = open_run("post_training", "pt-long-gate", tags={TAG_KIND: "lifecycle"})
     results = {}
     for label, reads in (("champion", 10_000), ("candidate", 2_100)):
         result = _evaluate(_oracle(answers, reads), "oracle", domain, 100, 8, 0).to_dict()

@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 import requests
 
+from temper.core.tag_names import TAG_FORMAT, TAG_STAGE
 from tests.integration.conftest import _wait_http, free_port, stop_process
 
 MODEL = "temper-demo"
@@ -43,21 +44,23 @@ def registry(tmp_path_factory):
 def _register(home: Path) -> dict:
     import mlflow
 
-    from infra import lineage
+    from infra.tracking.connection import configure
+    from infra.tracking.runs import open_run
     from tasks.registry import register
-    from temper.data.catalog import load_catalog
     from temper.cli import main
+    from temper.core.settings import get_settings
+    from temper.core.tag_names import TAG_KIND
+    from temper.data.catalog import load_catalog
     from temper.data.datasets import load_dataset
     from temper.lifecycle.evaluation import record_eval
-    from temper.registry.gate import GateDecision
     from temper.lifecycle.params import EvalSettings, PostTrainingParams
-    from temper.core.settings import get_settings
+    from temper.registry.gate import GateDecision
     from temper.training.tiny import init_tiny
 
     assert main(["data", "generate", "--domain", "arithmetic"]) == 0
     model_dir = init_tiny(home / "tiny")
-    lineage.configure()
-    parent = lineage.open_run("post_training", "pt-test", tags={lineage.TAG_KIND: "lifecycle"})
+    configure()
+    parent = open_run("post_training", "pt-test", tags={TAG_KIND: "lifecycle"})
     ds = load_dataset(load_catalog(get_settings().catalog_dir)["arithmetic"])
     eval_run = record_eval({"domain": "arithmetic", "model": str(model_dir), "dataset_uri": ds.uri,
                             "dataset_sha256": ds.digest, "n": 2, "scored": 2, "mean_reward": 0.5, "pass_rate": 0.5,
@@ -96,7 +99,7 @@ def test_version_loads_as_a_transformers_pipeline_with_metrics_and_dataset(regis
     client = mlflow.MlflowClient()
     mv = client.get_model_version_by_alias(MODEL, "champion")
     logged = client.get_logged_model(reg["source"].removeprefix("models:/"))
-    assert logged.source_run_id == mv.run_id and client.get_run(mv.run_id).data.tags["temper.stage"] == "register"
+    assert logged.source_run_id == mv.run_id and client.get_run(mv.run_id).data.tags[TAG_STAGE] == "register"
     metrics = {m.key: m for m in logged.metrics}
     assert metrics["eval.arithmetic.mean_reward"].value == pytest.approx(0.5)
     assert metrics["eval.arithmetic.mean_reward"].dataset_name == "arithmetic"
@@ -109,9 +112,9 @@ def test_version_loads_as_a_transformers_pipeline_with_metrics_and_dataset(regis
     spec = Model.load(str(local))
     assert "transformers" in spec.flavors and "python_function" in spec.flavors
     assert {p.name for p in spec.signature.params} >= {"max_new_tokens", "do_sample"}
+    from temper.core.settings import get_settings
     from temper.data.catalog import load_catalog
     from temper.data.datasets import read_dataset
-    from temper.core.settings import get_settings
 
     domain = load_catalog(get_settings().catalog_dir)["arithmetic"]
     frame = read_dataset(domain)
@@ -197,15 +200,14 @@ def test_temper_up_mlflow_server_serves_the_store_the_demo_wrote(registry, tmp_p
 def test_temper_train_register_as_writes_a_logged_model_too(registry):
     import mlflow
 
+    from infra.tracking.runs import use_experiment
     from temper.training.export import log_and_register
 
-    from infra import lineage
-
-    lineage.use_experiment("train")  # as the training callback does: artifacts under TEMPER_HOME
+    use_experiment("train")  # as the training callback does: artifacts under TEMPER_HOME
     with mlflow.start_run():
         version = log_and_register(registry["model_dir"], "temper-train-test")
     mv = mlflow.MlflowClient().get_model_version("temper-train-test", version)
-    assert mv.source.startswith("models:/m-") and mv.tags["temper.format"] == "mlflow-transformers"
+    assert mv.source.startswith("models:/m-") and mv.tags[TAG_FORMAT] == "mlflow-transformers"
     pipe = mlflow.transformers.load_model(f"models:/temper-train-test/{version}")
     assert pipe("3 + 4 = ", max_new_tokens=5, do_sample=False, return_full_text=False)[0]["generated_text"] \
         == _greedy(registry["model_dir"], "3 + 4 = ", 5)

@@ -16,6 +16,15 @@ import json
 import pytest
 
 from temper.cli import main
+from temper.core.tag_names import (
+    EVAL_TAG,
+    TAG_DOMAIN,
+    TAG_EVAL_LABEL,
+    TAG_FAILED_STAGE,
+    TAG_FLOW_RUN,
+    TAG_LIFECYCLE_RUN,
+    TAG_STAGE,
+)
 from tests.conftest import REPO
 
 pytestmark = pytest.mark.slow  # two real post_training runs per store
@@ -34,7 +43,7 @@ def _params(**kw):
 
 
 def _env(mp: pytest.MonkeyPatch, home, uri: str | None) -> str:
-    from infra import lineage
+    from infra.tracking.connection import configure
     from temper.core.settings import get_settings
 
     mp.setenv("TEMPER_HOME", str(home))
@@ -44,7 +53,7 @@ def _env(mp: pytest.MonkeyPatch, home, uri: str | None) -> str:
     if uri:
         mp.setenv("TEMPER_TRACKING_URI", uri)
     get_settings.cache_clear()
-    resolved = lineage.configure()
+    resolved = configure()
     mp.setenv("MLFLOW_TRACKING_URI", resolved)
     return resolved
 
@@ -85,8 +94,8 @@ def _eval_runs(version: str) -> dict[tuple[str, str], str]:
     from temper.registry.samples import stage_runs
 
     mv = _client().get_model_version(MODEL, version)
-    return {(r.data.tags["temper.eval.label"], r.data.tags["temper.domain"]): r.info.run_id
-            for r in stage_runs(mv.tags["temper.lifecycle_run"]) if r.data.tags.get("temper.stage") == "eval"}
+    return {(r.data.tags[TAG_EVAL_LABEL], r.data.tags[TAG_DOMAIN]): r.info.run_id
+            for r in stage_runs(mv.tags[TAG_LIFECYCLE_RUN]) if r.data.tags.get(TAG_STAGE) == "eval"}
 
 
 # ---- reading the registry ------------------------------------------------------------------
@@ -122,7 +131,7 @@ def test_version_samples_are_the_candidates_not_the_base_models(flow_registry):
         assert set(samples) == set(DOMAINS)
         for d in DOMAINS:
             assert samples[d] == eval_samples(runs[("candidate", d)], d)
-            assert _mean(samples[d]) == pytest.approx(float(mv.tags[f"temper.eval.{d}.mean_reward"]))
+            assert _mean(samples[d]) == pytest.approx(float(mv.tags[EVAL_TAG.format(domain=d, metric="mean_reward")]))
             differs += eval_samples(runs[("base", d)], d) != samples[d]
     assert differs, "SFT changed no eval answer: this test could not tell base from candidate"
 
@@ -148,7 +157,7 @@ def test_lineage_graph_draws_only_the_versions_own_evals(flow_registry, capsys):
     for d in DOMAINS:
         assert f"run_{runs[('candidate', d)]}" in out
         assert f"run_{runs[('base', d)]}" not in out
-        reward = float(mv.tags[f"temper.eval.{d}.mean_reward"])
+        reward = float(mv.tags[EVAL_TAG.format(domain=d, metric="mean_reward")])
         assert f"eval {d}<br/>mean_reward={reward:.3f}" in out
     assert out.count("eval arithmetic") == 1 and out.count("eval multiplication") == 1
 
@@ -233,18 +242,17 @@ def failing_home(tmp_path_factory, prefect_api):
 def test_any_failure_after_the_lifecycle_run_opens_closes_it_failed_with_a_report(failing_home, case, tmp_path):
     """Was: the lifecycle run stayed RUNNING, with no report, whenever a stage after it failed."""
     from flows.post_training import post_training
-    from tasks.registry import FLOW_RUN_TAG
 
     stage, overrides = FAILURES[case]
     state = post_training(_params(**{"model_name": f"failing-{case}", **overrides}), return_state=True)
     assert state.is_failed()
     c = _client()
     experiment_id = c.get_experiment_by_name("post_training").experiment_id
-    runs = c.search_runs([experiment_id], f"tags.`{FLOW_RUN_TAG}` = '{state.state_details.flow_run_id}'")
+    runs = c.search_runs([experiment_id], f"tags.`{TAG_FLOW_RUN}` = '{state.state_details.flow_run_id}'")
     assert len(runs) == 1
     run = runs[0]
     assert run.info.status == "FAILED"
-    assert run.data.tags["temper.failed_stage"].startswith(stage)
+    assert run.data.tags[TAG_FAILED_STAGE].startswith(stage)
     report = open(c.download_artifacts(run.info.run_id, "report.md", str(tmp_path))).read()
     assert report.startswith(f"# post_training {run.info.run_name}: FAILED")
     assert f"## Failed\n\n{stage}" in report
@@ -253,7 +261,7 @@ def test_any_failure_after_the_lifecycle_run_opens_closes_it_failed_with_a_repor
         # another version), leaving unlinked logged models behind. One of each per lifecycle run.
         models = c.search_logged_models([experiment_id], filter_string=f"params.lifecycle_run = '{run.info.run_id}'")
         versions = [mv for mv in c.search_model_versions(f"name = '{overrides.get('model_name', f'failing-{case}')}'")
-                    if mv.tags.get("temper.lifecycle_run") == run.info.run_id] if case == "register" else []
+                    if mv.tags.get(TAG_LIFECYCLE_RUN) == run.info.run_id] if case == "register" else []
         assert [str(m.status.name if hasattr(m.status, "name") else m.status) for m in models] == ["READY"]
         assert len(versions) == (1 if case == "register" else 0)
         assert all(mv.source == f"models:/{models[0].model_id}" for mv in versions)  # the version's model is that one

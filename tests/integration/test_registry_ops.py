@@ -18,6 +18,15 @@ import uuid
 import pytest
 
 from temper.cli import main
+from temper.core.tag_names import (
+    PARENT_TAG,
+    TAG_COMPARE_B,
+    TAG_DATA_VALIDATION,
+    TAG_DOMAIN,
+    TAG_LIFECYCLE_RUN,
+    TAG_STAGE,
+    VERSION_AUDIT_TAG,
+)
 
 N = 40
 
@@ -47,7 +56,7 @@ def model():
 
 
 def _tracking_env(mp: pytest.MonkeyPatch, store: tuple[str, str | None]) -> None:
-    from infra import lineage
+    from infra.tracking.connection import configure
     from temper.core.settings import get_settings
 
     home, uri = store
@@ -57,7 +66,7 @@ def _tracking_env(mp: pytest.MonkeyPatch, store: tuple[str, str | None]) -> None
     if uri:
         mp.setenv("TEMPER_TRACKING_URI", uri)
     get_settings.cache_clear()
-    mp.setenv("MLFLOW_TRACKING_URI", lineage.configure())
+    mp.setenv("MLFLOW_TRACKING_URI", configure())
 
 
 def rewards(passed_ids: range | list[int]) -> list[float]:
@@ -76,46 +85,47 @@ def register(model: str, evals: dict[str, list[float]], *, passed: bool, samples
     import mlflow
     import pandas as pd
 
-    from infra import lineage
+    from infra.tracking.runs import close_run, log_dataset, open_run, resume_run
+    from temper.core.tag_names import TAG_BASE_MODEL, TAG_KIND, TAG_STAGE
     from temper.registry.gate import GateDecision
     from temper.registry.registration import register_version
     from temper.registry.samples import log_eval_samples
 
     frame = pd.DataFrame({"prompt": ["p"], "answer": ["a"]})
-    parent = lineage.open_run("post_training", f"{model}-lifecycle", tags={
-        lineage.TAG_KIND: "lifecycle", lineage.TAG_BASE_MODEL: "tiny"})
-    with lineage.resume_run(parent):
+    parent = open_run("post_training", f"{model}-lifecycle", tags={
+        TAG_KIND: "lifecycle", TAG_BASE_MODEL: "tiny"})
+    with resume_run(parent):
         for d in evals:
-            lineage.log_dataset(d, frame, f"/store/datasets/{d}.jsonl", digest(d))
-        mlflow.set_tag("temper.data.validation", "pass")
-    stage_tags = {lineage.TAG_KIND: "stage"}
+            log_dataset(d, frame, f"/store/datasets/{d}.jsonl", digest(d))
+        mlflow.set_tag(TAG_DATA_VALIDATION, "pass")
+    stage_tags = {TAG_KIND: "stage"}
     for stage in ("sft", "grpo"):
-        run_id = lineage.open_run("post_training", f"{stage}-{model}", parent_run_id=parent,
-                                  tags={**stage_tags, lineage.TAG_STAGE: stage})
+        run_id = open_run("post_training", f"{stage}-{model}", parent_run_id=parent,
+                                  tags={**stage_tags, TAG_STAGE: stage})
         if stage == "sft" and unvalidated:
             with mlflow.start_run(run_id=run_id):
-                lineage.log_dataset(unvalidated, frame, f"/tmp/{unvalidated}.jsonl", digest(unvalidated))
-        lineage.close_run(run_id)
+                log_dataset(unvalidated, frame, f"/tmp/{unvalidated}.jsonl", digest(unvalidated))
+        close_run(run_id)
     results = {}
     for d, rs in evals.items():
         results[d] = {"mean_reward": sum(rs) / len(rs), "pass_rate": sum(r >= 1.0 for r in rs) / len(rs), "n": len(rs)}
-        run_id = lineage.open_run("post_training", f"eval-{d}", parent_run_id=parent,
-                                  tags={**stage_tags, lineage.TAG_STAGE: "eval", "temper.domain": d})
+        run_id = open_run("post_training", f"eval-{d}", parent_run_id=parent,
+                                  tags={**stage_tags, TAG_STAGE: "eval", TAG_DOMAIN: d})
         if samples is True or (samples and d in samples):
             with mlflow.start_run(run_id=run_id):
                 log_eval_samples(d, [(f"{d}-{i}", r) for i, r in enumerate(rs)])
-        lineage.close_run(run_id)
+        close_run(run_id)
     # the register stage as tasks.registry.register does it (not imported: it pulls in GX, ~10 s here)
-    run_id = lineage.open_run("post_training", "register", parent_run_id=parent,
-                              tags={**stage_tags, lineage.TAG_STAGE: "register", lineage.TAG_BASE_MODEL: "tiny"})
+    run_id = open_run("post_training", "register", parent_run_id=parent,
+                              tags={**stage_tags, TAG_STAGE: "register", TAG_BASE_MODEL: "tiny"})
     with mlflow.start_run(run_id=run_id) as run:
         mlflow.log_text("{}", "model/config.json")
         source = f"{run.info.artifact_uri.rstrip('/')}/model"
     out = register_version(model, source, run_id, eval_results=results,
                            decision=GateDecision(passed=passed, reason="test gate"), alias="champion",
                            fallback_alias="candidate",
-                           tags={lineage.TAG_BASE_MODEL: "tiny", "temper.lifecycle_run": parent})
-    lineage.close_run(parent)
+                           tags={TAG_BASE_MODEL: "tiny", TAG_LIFECYCLE_RUN: parent})
+    close_run(parent)
     return out["version"]
 
 
@@ -193,7 +203,7 @@ def test_promote_rollback_twice_then_nothing_left(tracked, model, capsys):
     assert trail[0].reason == "post_training gate: test gate" and trail[0].by.endswith("(post_training flow)")
     assert trail[1].reason == "arithmetic +0.4" and trail[3].reason == "bad outputs in prod"
     assert trail[1].time.endswith("+00:00") and not trail[1].forced
-    on_v1 = json.loads(MlflowClient().get_model_version(model, "1").tags["temper.audit.champion"])
+    on_v1 = json.loads(MlflowClient().get_model_version(model, "1").tags[VERSION_AUDIT_TAG.format(alias="champion")])
     assert (on_v1["action"], on_v1["seq"], on_v1["previous"]) == ("rollback", 5, "2")
 
     code, out, _ = cli(capsys, "models", "list", model, "--json")
@@ -309,7 +319,7 @@ def test_compare_known_metrics_with_bootstrap_and_chart(tracked, shared, capsys)
 
     client = MlflowClient()
     run = client.get_run(cmp["run_id"])
-    assert run.data.tags["temper.stage"] == "compare" and run.data.tags["temper.compare.b"] == "2"
+    assert run.data.tags[TAG_STAGE] == "compare" and run.data.tags[TAG_COMPARE_B] == "2"
     paths = {f.path: f.file_size for f in client.list_artifacts(cmp["run_id"], "compare")}
     assert set(paths) == {"compare/chart.png", "compare/comparison.json"} and paths["compare/chart.png"] > 5000
 
@@ -375,11 +385,11 @@ def test_lineage_text_and_json_show_the_graph_mermaid_shows(tracked, shared, cap
 
     mv = MlflowClient().get_model_version_by_alias(shared, "champion")
     ref = {"version": f"{shared}@champion", "its run": mv.run_id,
-           "a stage run": MlflowClient().get_run(mv.run_id).data.tags["mlflow.parentRunId"]}[of]
+           "a stage run": MlflowClient().get_run(mv.run_id).data.tags[PARENT_TAG]}[of]
     if of == "a stage run":  # the sft run under the same lifecycle
         from temper.registry.samples import stage_runs
 
-        ref = next(r.info.run_id for r in stage_runs(ref) if r.data.tags.get("temper.stage") == "sft")
+        ref = next(r.info.run_id for r in stage_runs(ref) if r.data.tags.get(TAG_STAGE) == "sft")
     graphs = {}
     for fmt in ("text", "json", "mermaid", "dot"):
         code, out, err = cli(capsys, "lineage", ref, "--format", fmt, "--no-attach")

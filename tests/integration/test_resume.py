@@ -22,6 +22,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from temper.core.tag_names import PARENT_TAG, TAG_KIND, TAG_LIFECYCLE_RUN, TAG_RECORD, TAG_STAGE
 from tests.conftest import REPO
 from tests.integration.conftest import BIN, free_port, stop_process
 
@@ -169,19 +170,19 @@ def test_sigkilled_flow_is_resumed_to_the_uninterrupted_model_and_records_and_an
     client = MlflowClient(server.uri)
     exp = client.get_experiment_by_name("post_training")
     runs = client.search_runs([exp.experiment_id], max_results=100)
-    [lifecycle] = [r for r in runs if r.data.tags.get("temper.kind") == "lifecycle"]
-    assert lifecycle.data.tags["temper.record"] == key and lifecycle.info.status == "FINISHED"
+    [lifecycle] = [r for r in runs if r.data.tags.get(TAG_KIND) == "lifecycle"]
+    assert lifecycle.data.tags[TAG_RECORD] == key and lifecycle.info.status == "FINISHED"
     children = [r for r in runs if r is not lifecycle]
-    assert all(r.data.tags.get("mlflow.parentRunId") == lifecycle.info.run_id for r in children)  # no orphans
+    assert all(r.data.tags.get(PARENT_TAG) == lifecycle.info.run_id for r in children)  # no orphans
     assert sorted(r.info.run_name for r in children) == sorted(
         [f"grpo-{key}-grpo", "eval-base-arithmetic", "eval-candidate-arithmetic", "register"])
     assert all(r.info.status == "FINISHED" for r in children)
-    [grpo] = [r for r in children if r.data.tags.get("temper.stage") == "grpo"]
+    [grpo] = [r for r in children if r.data.tags.get(TAG_STAGE) == "grpo"]
     history = client.get_metric_history(grpo.info.run_id, "loss")
     assert {m.step for m in history} == set(ref_losses)
     assert max(abs(m.value - ref_losses[m.step]) for m in history) < 1e-5
     versions = client.search_model_versions(f"name = '{MODEL}'")
-    assert [v.tags.get("temper.lifecycle_run") for v in versions] == [lifecycle.info.run_id]
+    assert [v.tags.get(TAG_LIFECYCLE_RUN) for v in versions] == [lifecycle.info.run_id]
 
     # What finished is not done again: validation came from Prefect's cache (same digest and contract).
     from prefect.client.orchestration import get_client
@@ -228,7 +229,7 @@ def test_an_mlflow_call_that_outlasts_the_budget_is_one_line_naming_the_server(t
     TrackingUnreachable line naming the server, what was being done and the budget."""
     from mlflow.tracking import MlflowClient
 
-    from infra import lineage
+    from infra.tracking.connection import configure, outage_named
     from temper.core.errors import TrackingUnreachable
     from temper.core.settings import get_settings
 
@@ -237,13 +238,13 @@ def test_an_mlflow_call_that_outlasts_the_budget_is_one_line_naming_the_server(t
     monkeypatch.setenv("TEMPER_TRACKING_RETRY_S", "1")
     get_settings.cache_clear()
     with pytest.raises(TrackingUnreachable) as e:
-        lineage.configure(wait=True)
+        configure(wait=True)
     assert str(e.value).startswith(f"MLflow tracking server {uri} is unreachable (retried for 1 s")
     import mlflow
 
     mlflow.set_tracking_uri(uri)
     t0 = time.monotonic()
-    with pytest.raises(TrackingUnreachable) as e, lineage.outage_named("the test's search"):
+    with pytest.raises(TrackingUnreachable) as e, outage_named("the test's search"):
         MlflowClient().search_experiments()
     assert time.monotonic() - t0 >= 1.5  # MLflow's own retries waited the budget (2 retries, 2 s)
     message = str(e.value)
@@ -297,20 +298,21 @@ def test_eval_records_are_found_by_key_not_made_twice(tracked):
     one an earlier attempt left RUNNING is replaced; recorded_evals reads the finished results back."""
     from mlflow.tracking import MlflowClient
 
-    from infra import lineage
+    from infra.tracking.connection import configure
+    from infra.tracking.runs import keyed_runs, open_keyed_run, open_run
     from temper.lifecycle.evaluation import eval_key, record_eval, recorded_evals, summary
 
-    lineage.configure()
-    parent = lineage.open_run("post_training", "pt-keytest")
+    configure()
+    parent = open_run("post_training", "pt-keytest")
     result = {"domain": "arithmetic", "model": "/m", "dataset_uri": "/d", "dataset_sha256": "ab" * 32, "n": 2,
               "mean_reward": 0.5, "pass_rate": 0.5, "scored": 2, "wall_s": 0.1, "ids": ["a", "b"], "rewards": [1.0, 0.0]}
     assert recorded_evals(parent, "candidate", ["arithmetic"]) is None
-    half, _ = lineage.open_keyed_run("post_training", eval_key(parent, "candidate", "arithmetic"), "eval-candidate-arithmetic",
+    half, _ = open_keyed_run("post_training", eval_key(parent, "candidate", "arithmetic"), "eval-candidate-arithmetic",
                                      parent_run_id=parent)  # an attempt killed while logging
     first = record_eval(result, "candidate", parent)
     assert first != half and MlflowClient().get_run(half).info.lifecycle_stage == "deleted"
     assert record_eval(result, "candidate", parent) == first
-    runs = lineage.keyed_runs("post_training", eval_key(parent, "candidate", "arithmetic"))
+    runs = keyed_runs("post_training", eval_key(parent, "candidate", "arithmetic"))
     assert [r.info.run_id for r in runs] == [first] and runs[0].info.status == "FINISHED"
     # read back, the same summary the first attempt passed on
     assert recorded_evals(parent, "candidate", ["arithmetic"]) == [summary({**result, "run_id": first})]

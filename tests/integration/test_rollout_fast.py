@@ -4,6 +4,7 @@ and registering it never sets the serving alias."""
 
 import pytest
 
+from temper.core.tag_names import PARITY_TAG, TAG_SERVING_PROFILE
 from temper.rollout.config import EngineConfig, LaneConfig, SpeculativeConfig
 from temper.rollout.engine import Engine
 from temper.rollout.fast import derive_layer_draft
@@ -69,7 +70,7 @@ def test_both_profiles_are_registered_and_a_blocked_fast_one_gets_no_serving_ali
     from mlflow.exceptions import MlflowException
     from mlflow.tracking import MlflowClient
 
-    from infra.lineage import configure
+    from infra.tracking.connection import configure
 
     configure()
     ok = parity_gate(standard, fast_engine(standard, models[1]), PROMPTS[:2], max_tokens=8)
@@ -77,8 +78,9 @@ def test_both_profiles_are_registered_and_a_blocked_fast_one_gets_no_serving_ali
     client = MlflowClient()
     std = client.get_model_version_by_alias("policy", "serving-standard")
     fast = client.get_model_version_by_alias("policy", "serving-fast")
-    assert std.tags["temper.serving.profile"] == "standard" and fast.tags["temper.serving.profile"] == "fast"
-    assert fast.tags["temper.parity.passed"] == "true" and float(fast.tags["temper.parity.speedup"]) > 0
+    assert std.tags[TAG_SERVING_PROFILE] == "standard" and fast.tags[TAG_SERVING_PROFILE] == "fast"
+    parity = {field: PARITY_TAG.format(field=field) for field in ("passed", "speedup", "mismatches")}
+    assert fast.tags[parity["passed"]] == "true" and float(fast.tags[parity["speedup"]]) > 0
     assert out["fast"]["version"] == fast.version
 
     bad = parity_gate(standard, fast_engine(standard, models[1], verify=False), PROMPTS[:2], max_tokens=8)
@@ -87,7 +89,7 @@ def test_both_profiles_are_registered_and_a_blocked_fast_one_gets_no_serving_ali
     still = client.get_model_version_by_alias("policy", "serving-fast")
     assert still.version == fast.version  # the serving alias did not move to the diverging variant
     blocked = client.get_model_version_by_alias("policy", "serving-fast-blocked")
-    assert blocked.tags["temper.parity.passed"] == "false" and int(blocked.tags["temper.parity.mismatches"]) > 0
+    assert blocked.tags[parity["passed"]] == "false" and int(blocked.tags[parity["mismatches"]]) > 0
     with pytest.raises(MlflowException):
         client.get_model_version_by_alias("policy", "serving-nonexistent")
 

@@ -23,9 +23,9 @@ pytestmark = pytest.mark.slow
 @pytest.fixture(scope="module")
 def workspace(tmp_path_factory):
     """TEMPER_HOME with the two datasets generated, and a tiny random base model."""
+    from temper.core.settings import get_settings
     from temper.data.catalog import load_catalog
     from temper.data.generators import generate_domain_dataset
-    from temper.core.settings import get_settings
     from temper.training.tiny import init_tiny
 
     root = tmp_path_factory.mktemp("train")
@@ -87,9 +87,9 @@ def losses(output_dir: Path) -> dict[int, float]:
 
 
 def eval_rewards(model_dir: Path) -> dict[str, float]:
+    from temper.core.settings import get_settings
     from temper.data.catalog import load_catalog
     from temper.data.datasets import load_dataset
-    from temper.core.settings import get_settings
     from temper.training.rewards import greedy_mean_reward
 
     domains = [load_catalog(REPO / "domains")[n] for n in DOMAINS]
@@ -142,8 +142,8 @@ def test_killed_run_resumes_with_identical_losses_and_refuses_changed_data(works
         assert abs(resumed[step] - expected[step]) <= 1e-5, (step, expected, resumed)
 
     # The same run over changed data: refused, naming the dataset, nothing trained.
-    from temper.data.catalog import load_catalog
     from temper.core.settings import get_settings
+    from temper.data.catalog import load_catalog
 
     uri = load_catalog(REPO / "domains")["multiplication"].dataset_uri(get_settings().resolved_storage_root)
     path = Path(uri)
@@ -250,7 +250,7 @@ def test_killed_grpo_curriculum_run_resumes_with_identical_sampling_rewards_kl_s
     # the weights over time in MLflow (the embedded store of the workspace's TEMPER_HOME)
     import mlflow
 
-    from infra.lineage import configure
+    from infra.tracking.connection import configure
 
     configure()
     client = mlflow.MlflowClient()

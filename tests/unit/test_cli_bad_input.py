@@ -200,7 +200,7 @@ def test_demo_makes_the_prefect_home_when_temper_home_does_not_exist_yet(tmp_pat
     import sys
     import types
 
-    from infra import lineage
+    from infra.tracking import connection
     from temper.cli import main
     from temper.core.settings import get_settings
     from temper.data import generators
@@ -212,7 +212,7 @@ def test_demo_makes_the_prefect_home_when_temper_home_does_not_exist_yet(tmp_pat
     for var in ("PREFECT_HOME", "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "PREFECT_SERVER_ANALYTICS_ENABLED"):
         monkeypatch.delenv(var, raising=False)
     # stand-ins for the server, the bucket and the flow: what the flow would find when it starts Prefect
-    monkeypatch.setattr(lineage, "configure", lambda settings=None, **kw: "http://mlflow.example:5000")
+    monkeypatch.setattr(connection, "configure", lambda settings=None, **kw: "http://mlflow.example:5000")
     monkeypatch.setattr(generators, "generate_datasets", lambda domains, settings, progress=None: [])
     seen = {}
 

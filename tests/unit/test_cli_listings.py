@@ -9,6 +9,7 @@ from types import SimpleNamespace
 import pytest
 
 from temper.core.errors import CatalogError
+from temper.core.tag_names import EVAL_TAG, TAG_GATE_PASSED
 from temper.data.catalog import load_catalog, select_domains
 from tests.conftest import REPO
 
@@ -73,10 +74,10 @@ def test_models_list_json_types_gate_passed_as_bool_and_n_as_int(tag, typed):
 
     from temper.registry.versions import format_versions, summarize
 
-    tags = {"temper.eval.arithmetic.n": "64.0", "temper.eval.arithmetic.mean_reward": "0.5",
-            "temper.eval.multiplication.n": "64"}
+    tags = {EVAL_TAG.format(domain=d, metric=m): v for d, m, v in
+            (("arithmetic", "n", "64.0"), ("arithmetic", "mean_reward", "0.5"), ("multiplication", "n", "64"))}
     if tag is not None:
-        tags["temper.gate.passed"] = tag
+        tags[TAG_GATE_PASSED] = tag
     mv = SimpleNamespace(version="3", tags=tags, creation_timestamp=0, run_id=None)
     row = json.loads(json.dumps(asdict(summarize(mv, ["champion"], []))))
     assert row["gate_passed"] is typed

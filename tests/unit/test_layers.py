@@ -20,7 +20,7 @@ PACKAGES = ("temper", "infra", "data_contracts", "workloads", "tasks", "flows", 
 LIBRARY = tuple(p for p in PACKAGES if p != "benchmarks")
 
 # room -> rooms it may import (itself is always allowed). A room is a top-level package, or
-# `temper.core` (the leaf everything may import: settings, errors, the config-file loader).
+# `temper.core` (the leaf everything may import: settings, errors, the config-file loader, tag names).
 ALLOWED = {
     "temper.core": set(),
     "data_contracts": {"temper.core"},

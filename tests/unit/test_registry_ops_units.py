@@ -6,7 +6,14 @@ import json
 
 import pytest
 
-from infra.lineage import DatasetRef, RunNode
+from infra.tracking.tree import DatasetRef, RunNode
+from temper.core.tag_names import (
+    EVAL_TAG,
+    TAG_DATA_VALIDATION,
+    TAG_DOMAIN,
+    TAG_GIT,
+    TAG_STAGE,
+)
 from temper.registry.aliases import PromoteParams, RollbackParams
 from temper.registry.audit import AuditEvent, audit_events, holder_stack, rollback_target
 from temper.registry.bootstrap import bootstrap_delta
@@ -23,6 +30,7 @@ def event(seq, action, version, previous, alias="champion"):
 
 
 def test_eval_tags_parse_with_dotted_domains_and_skip_junk():
+    # the stored keys spelled out on purpose: the parser must read what is on the wire, dotted domains included
     tags = {"temper.eval.arithmetic.mean_reward": "0.5", "temper.eval.arithmetic.n": "40",
             "temper.eval.code.v2.pass_rate": "0.25", "temper.eval.bad.mean_reward": "x", "temper.gate.passed": "true"}
     assert parse_eval_tags(tags) == {"arithmetic": {"mean_reward": 0.5, "n": 40.0}, "code.v2": {"pass_rate": 0.25}}
@@ -30,6 +38,7 @@ def test_eval_tags_parse_with_dotted_domains_and_skip_junk():
 
 def test_audit_events_read_in_seq_order_and_ignore_other_aliases_and_garbage():
     e1, e2 = event(1, "promote", "2", "1"), event(2, "rollback", "1", "2")
+    # the stored keys spelled out on purpose: the trail is read back from what is on the wire
     tags = {"temper.audit.champion.000002": e2.to_json(), "temper.audit.champion.000001": e1.to_json(),
             "temper.audit.candidate.000001": event(1, "promote", "5", None, "candidate").to_json(),
             "temper.audit.champion.000003": "{not json", "temper.audit.champion": e1.to_json()}
@@ -99,8 +108,9 @@ def test_params_validate_what_the_ui_form_would_send():
     with pytest.raises(ValueError, match="reason"):
         PromoteParams(model_name="m", version="2", reason="")
     assert RollbackParams(model_name="m").alias == "champion"
-    from flows.registry_ops import promote_model, rollback_model
     from prefect.utilities.callables import parameter_schema
+
+    from flows.registry_ops import promote_model, rollback_model
 
     schema = parameter_schema(promote_model.fn).model_dump()
     assert schema["required"] == ["params"]
@@ -111,14 +121,14 @@ def test_params_validate_what_the_ui_form_would_send():
 
 def _run(run_id, stage, datasets=(), **tags):
     return RunNode(run_id=run_id, name=f"{stage}-x", experiment_id="0",
-                   tags={"temper.stage": stage, **tags}, datasets=list(datasets))
+                   tags={TAG_STAGE: stage, **tags}, datasets=list(datasets))
 
 
 def test_graph_without_validation_or_sft_links_datasets_to_the_first_stage():
     ds = DatasetRef(name="arith", digest="d" * 32, source="s", context="training")
     lifecycle = RunNode(run_id="L" * 32, name="life", experiment_id="0", tags={}, datasets=[ds])
     version = VersionInfo(name="m", version="4", aliases=["champion", "b"], run_id="R" * 32,
-                          tags={"temper.eval.arith.mean_reward": "0.5"})
+                          tags={EVAL_TAG.format(domain="arith", metric="mean_reward"): "0.5"})
     g = assemble("m@champion", version, lifecycle, [_run("G" * 32, "grpo"), _run("X" * 32, "register")])
     kinds = {n.id: n.kind for n in g.nodes.values()}
     assert sorted(kinds.values()) == ["alias", "alias", "dataset", "eval", "grpo", "model_version"]
@@ -184,10 +194,10 @@ def graph_of(fmt: str, out: str) -> tuple[set[str], set[tuple[str, str]]]:
 def _lifecycle_graph(version):
     ds = [DatasetRef(name=n, digest=n[0] * 32, source=f"/store/{n}.jsonl", context="training") for n in ("a", "b")]
     lifecycle = RunNode(run_id="L" * 32, name="life", experiment_id="0",
-                        tags={"temper.data.validation": "pass", "temper.git_commit": "abc"}, datasets=ds)
+                        tags={TAG_DATA_VALIDATION: "pass", TAG_GIT: "abc"}, datasets=ds)
     scratch = DatasetRef(name="scratch", digest="s" * 32, source="/tmp/s", context=None)
-    stages = [_run("S" * 32, "sft", [scratch]), _run("G" * 32, "grpo"), _run("E" * 32, "eval", **{"temper.domain": "a"}),
-              _run("F" * 32, "eval", **{"temper.domain": "b"}), _run("R" * 32, "register")]
+    stages = [_run("S" * 32, "sft", [scratch]), _run("G" * 32, "grpo"), _run("E" * 32, "eval", **{TAG_DOMAIN: "a"}),
+              _run("F" * 32, "eval", **{TAG_DOMAIN: "b"}), _run("R" * 32, "register")]
     return assemble("m@champion" if version else "R" * 32, version, lifecycle, stages,
                     focus=None if version else stages[-1])
 
@@ -197,7 +207,7 @@ def test_every_format_renders_the_same_nodes_and_edges(of):
     from temper.registry.lineage_graph import to_json, to_text
 
     version = VersionInfo(name="m", version="2", aliases=["champion"], run_id="R" * 32,
-                          tags={"temper.eval.a.mean_reward": "0.5"}) if of == "version" else None
+                          tags={EVAL_TAG.format(domain="a", metric="mean_reward"): "0.5"}) if of == "version" else None
     g = _lifecycle_graph(version)
     expected = (set(g.nodes), {(e.src, e.dst) for e in g.edges})
     assert len(expected[0]) >= 8 and len(expected[1]) >= 8

@@ -9,7 +9,7 @@ import sys
 import pytest
 from pydantic import ValidationError
 
-from infra.lineage import is_outage, mlflow_retry_env
+from infra.tracking.connection import is_outage, mlflow_retry_env
 from temper.core.settings import Settings
 from temper.lifecycle.resume import ResumeError, check_resumable, origin, process_alive, process_tag, run_key_of
 
