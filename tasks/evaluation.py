@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 import sys
 import uuid
 from dataclasses import asdict
@@ -16,7 +15,7 @@ from infra.storage import get_fs, join
 from infra.tracking.connection import configure
 from tasks.tracking import MLFLOW_RETRY
 from temper.core.errors import TemperError
-from temper.core.settings import get_settings
+from temper.core.settings import Backend, get_settings
 from temper.lifecycle.evaluation import record_eval, recorded_evals, summary
 from temper.lifecycle.execution import execution_for
 from temper.lifecycle.params import EvalSettings
@@ -30,26 +29,27 @@ from temper.registry.versions import resolve_version
 
 @task(retries=1, retry_delay_seconds=5, task_run_name="eval-{label}")
 def evaluate(model_dir: str, domains: list[str], settings: EvalSettings, label: str,
-             parent_run_id: str | None = None, backend: str | None = None) -> list[dict]:
+             parent_run_id: str | None, backend: Backend) -> list[dict]:
     """Mean reward, pass rate and n of ``model_dir`` on each domain, one MLflow eval run per domain.
 
     The domains go to ``settings.shards`` eval processes (locally) or Jobs (Kubernetes) at once,
     each loading the model once and taking every shards-th domain (``workloads.evaluate``); each
     writes ``<domain>.json`` where the execution backend says (a local folder, or the store), and
-    the results are read back from there the same way for either.
+    the results are read back from there the same way for either. ``backend``: the flow's, resolved
+    when the flow run started. With a rollout backend in the settings the jobs generate through it.
     """
     logger = get_run_logger()
     if parent_run_id and (done := recorded_evals(parent_run_id, label, domains)) is not None:
         logger.info("eval-%s: every domain's result was recorded by an earlier attempt of this run", label)
         return done
-    execution = execution_for(backend or get_settings().backend)
+    execution = execution_for(backend)
     shards = max(1, min(settings.shards, len(domains)))
     name = job_name(parent_run_id or uuid.uuid4().hex, f"eval-{label}", max_len=44)
     out = execution.eval_out(name)
     command = [sys.executable, "-m", "workloads.evaluate", "--model", execution.share(model_dir), "--limit",
                str(settings.limit), "--max-new-tokens", str(settings.max_new_tokens), "--out", out]
     command += [a for d in domains for a in ("--domain", d)]
-    command += ["--generator", "rollout"] if os.environ.get("TEMPER_ROLLOUT_BACKEND") else []
+    command += ["--generator", "rollout"] if get_settings().rollout.backend else []
     spec = JobSpec(name=name, kind="eval", timeout_s=3600, command=command, env={"OMP_NUM_THREADS": "1"})
     execution.run(spec, lambda line: logger.debug("[eval-%s] %s", label, line), shards=shards)
     fs, root = get_fs(out)

@@ -96,7 +96,7 @@ def train_stage(stage: str, params: PostTrainingParams, base_model: str, run_key
     (a local folder, or a store URI when the pods cannot see this machine)."""
     refuse_eval_only_domains(params.domains)
     logger = get_run_logger()
-    execution = execution_for(params.backend or get_settings().backend)
+    execution = execution_for(params.backend)  # resolved by the flow as the run started
     workdir = (get_settings().home / "runs" / run_key).resolve()
     cfg = stage_config(stage, params, execution.share(base_model), run_key, workdir, mixing_weights,
                        validated_digests)

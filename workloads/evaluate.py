@@ -3,9 +3,9 @@
 Runs as a plain process (locally, or as a Kubernetes eval Job, one per shard); no Prefect. The
 model is loaded once per process, whatever the number of domains: at hundreds of domains a
 process (interpreter start + model load) per domain would cost more than the eval itself.
-With ``TEMPER_SHARD_INDEX``/``TEMPER_NUM_SHARDS`` set (the eval Jobs set them) the process takes
-every NUM_SHARDS-th domain starting at SHARD_INDEX, so shards split the work without talking
-to each other. Writes one JSON result per domain, ``<out>/<domain>.json``, with per-sample
+With a shard in its job settings (``get_settings().job``: the eval jobs' ``TEMPER_JOB``) the process
+takes every ``num_shards``-th domain starting at ``shard_index``, so shards split the work without
+talking to each other. Writes one JSON result per domain, ``<out>/<domain>.json``, with per-sample
 rewards, so later comparisons can bootstrap intervals; where a domain ran does not show.
 A multi-step domain (verifier family ``episode``) is played as episodes, turn by turn, in its
 environment (``temper.agent.greedy_episodes``: greedy turns of the domain's ``turn_tokens``, up to its
@@ -20,7 +20,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
 import sys
 import time
 from collections.abc import Iterable, Iterator
@@ -133,19 +132,17 @@ def _greedy(model, tok, prompts: list[str], max_new_tokens: int, batch_size: int
 
 
 class RolloutGenerator:
-    """Greedy completions from the rollout backend (TEMPER_ROLLOUT_*: the embedded engine or vLLM).
+    """Greedy completions from the rollout backend (``get_settings().rollout``: the embedded engine or vLLM).
 
-    Unset TEMPER_ROLLOUT_MODEL_DIR / BASE_URL means: serve ``model_dir`` with the embedded engine.
+    Rollout settings with neither ``base_url`` nor ``model_dir`` mean: serve ``model_dir`` with the embedded engine.
     """
 
     def __init__(self, model_dir: str) -> None:
         # lazy: torch+openai+fastapi+... (2.7 s), via client, only for the runs of `-m workloads.evaluate` that need it
         from temper.rollout.client import RolloutClient
-        from temper.rollout.config import RolloutSettings
 
-        overrides = {} if os.environ.get("TEMPER_ROLLOUT_BASE_URL") or os.environ.get("TEMPER_ROLLOUT_MODEL_DIR") \
-            else {"model_dir": model_dir}
-        self.client = RolloutClient(RolloutSettings(**overrides))
+        rollout = get_settings().rollout
+        self.client = RolloutClient(**({} if rollout.base_url or rollout.model_dir else {"model_dir": model_dir}))
         self.too_long = self.prompt_tokens = self.cached_prompt_tokens = 0
 
     def __call__(self, prompts: list[str], max_new_tokens: int) -> list[str]:
@@ -294,7 +291,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", required=True, help="directory (local path or fsspec URI) for <domain>.json results")
     args = ap.parse_args(argv)
     model = local_folder(args.model)  # a store URI when the model was trained on a cluster
-    index, count = int(os.environ.get("TEMPER_SHARD_INDEX", "0")), int(os.environ.get("TEMPER_NUM_SHARDS", "1"))
+    job = get_settings().job
+    index, count = job.shard_index, job.num_shards
     mine = shard_of(args.domain, index, count)
     out = args.out if "://" in args.out else str(Path(args.out).resolve())
     print(json.dumps({"shard": index, "shards": count, "domains": len(mine)}), flush=True)

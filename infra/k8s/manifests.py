@@ -20,6 +20,7 @@ from kubernetes import client as k
 from infra.jobspec import JobSpec
 from infra.k8s.errors import KubernetesError
 from infra.k8s.options import KubernetesOptions
+from temper.core.settings import with_job
 
 PART_OF = {"app.kubernetes.io/part-of": "temper", "app.kubernetes.io/managed-by": "temper"}
 JOB_LABEL = "temper.dev/job"
@@ -27,8 +28,6 @@ KIND_LABEL = "temper.dev/kind"
 ROLE_LABEL = "temper.dev/role"
 #: on a sandbox pod: the job whose pod made it; the launcher deletes what a job left when the job ends
 OWNER_LABEL = "temper.dev/owner"
-#: in a job's pods: the owner label value their sandbox pods carry (``KubernetesBackend.owner``)
-OWNER_ENV = "TEMPER_SANDBOX_OWNER"
 SANDBOX_ROLE = "sandbox"
 QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
 COMPLETION_INDEX = "metadata.annotations['batch.kubernetes.io/job-completion-index']"
@@ -119,9 +118,10 @@ def rendezvous_command(spec: JobSpec, opts: KubernetesOptions) -> list[str]:
     return line + program
 
 
-def _workload_container(spec: JobSpec, opts: KubernetesOptions, extra_env: dict[str, str]) -> k.V1Container:
-    env = {"HOME": "/tmp", "TORCH_EXTENSIONS_DIR": "/tmp/torch_extensions", "HF_HOME": "/tmp/hf",
-           "TEMPER_BACKEND": "kubernetes", **opts.env, **spec.env, **extra_env, OWNER_ENV: spec.name}
+def _workload_container(spec: JobSpec, opts: KubernetesOptions) -> k.V1Container:
+    # the job's settings name the job: its sandbox pods carry it as their owner (KubernetesBackend.owner)
+    env = with_job({"HOME": "/tmp", "TORCH_EXTENSIONS_DIR": "/tmp/torch_extensions", "HF_HOME": "/tmp/hf",
+                    "TEMPER_BACKEND": "kubernetes", **opts.env, **spec.env}, sandbox_owner=spec.name)
     env_vars = _env(env)
     if spec.distributed:
         env_vars += [
@@ -149,10 +149,10 @@ def _workload_container(spec: JobSpec, opts: KubernetesOptions, extra_env: dict[
     )
 
 
-def _workload_pod(spec: JobSpec, opts: KubernetesOptions, extra_env: dict[str, str]) -> k.V1PodSpec:
+def _workload_pod(spec: JobSpec, opts: KubernetesOptions) -> k.V1PodSpec:
     volumes, _ = _scratch_volumes(spec.resources.shm_size, None)
     return k.V1PodSpec(
-        containers=[_workload_container(spec, opts, extra_env)],
+        containers=[_workload_container(spec, opts)],
         restart_policy="Never",
         service_account_name=opts.service_account,
         # The token lets a workload's verifiers create sandbox pods, and nothing else: its Role lives only in
@@ -206,7 +206,7 @@ def training_job(spec: JobSpec, opts: KubernetesOptions, name: str | None = None
             suspend=True if opts.queue_name else None,  # Kueue unsuspends on admission
             template=k.V1PodTemplateSpec(
                 metadata=k.V1ObjectMeta(labels=pod_labels),
-                spec=_workload_pod(spec, opts, {}),
+                spec=_workload_pod(spec, opts),
             ),
         ),
     )
@@ -235,8 +235,8 @@ def eval_jobs(spec: JobSpec, opts: KubernetesOptions, shards: int) -> list[k.V1J
     jobs = []
     for i in range(shards):
         name = f"{spec.name}-s{i}" if shards > 1 else spec.name
-        shard_spec = spec.model_copy(update={"name": name, "distributed": False})
-        env = {"TEMPER_SHARD_INDEX": str(i), "TEMPER_NUM_SHARDS": str(shards)}
+        shard_spec = spec.model_copy(update={"name": name, "distributed": False,
+                                             "env": with_job(spec.env, shard_index=i, num_shards=shards)})
         jobs.append(k.V1Job(
             api_version="batch/v1", kind="Job",
             metadata=k.V1ObjectMeta(name=name, namespace=opts.namespace, labels=labels_for(name, "eval", opts, queue=True)),
@@ -248,7 +248,7 @@ def eval_jobs(spec: JobSpec, opts: KubernetesOptions, shards: int) -> list[k.V1J
                 suspend=True if opts.queue_name else None,
                 template=k.V1PodTemplateSpec(
                     metadata=k.V1ObjectMeta(labels=labels_for(name, "eval")),
-                    spec=_workload_pod(shard_spec, opts, env),
+                    spec=_workload_pod(shard_spec, opts),
                 ),
             ),
         ))

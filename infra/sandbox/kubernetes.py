@@ -183,7 +183,7 @@ class KubernetesBackend:
     clock: Callable[[], float] = time.monotonic
     sleep: Callable[[float], None] = time.sleep
     name: str = "kubernetes"
-    owner: str | None = None  # the job this process runs in (its pods' TEMPER_SANDBOX_OWNER): labels every box
+    owner: str | None = None  # the job this process runs in (its settings' job.sandbox_owner): labels every box
 
     def create_box(self, profile: Profile) -> "KubernetesBox":
         pod_name = f"sandbox-{uuid.uuid4().hex[:12]}"

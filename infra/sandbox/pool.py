@@ -56,13 +56,12 @@ def _make_backend() -> Backend:
     if get_settings().sandbox_backend == "kubernetes":
         # lazy: the Kubernetes client (0.33 s) would load in every sandboxed verifier of a local run
         from infra.k8s.api import ClusterApi, load_config
-        from infra.k8s.manifests import OWNER_ENV
         from infra.k8s.options import options_from_env
         from infra.sandbox.kubernetes import KubernetesBackend
 
         load_config()  # in-cluster (a training/eval pod's token), else the kubeconfig
         # in a job's pod: its boxes carry the job's name, and the launcher deletes what the job leaves behind
-        return KubernetesBackend(ClusterApi(), options_from_env(), owner=os.environ.get(OWNER_ENV) or None)
+        return KubernetesBackend(ClusterApi(), options_from_env(), owner=get_settings().job.sandbox_owner)
     return BwrapBackend()
 
 

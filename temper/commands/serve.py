@@ -15,7 +15,7 @@ from temper.core.errors import TemperError, describe_validation_error
 
 
 def run(args) -> int:
-    # lazy: pydantic_settings (130 ms), via config, would load at every `temper` start-up
+    # lazy: pydantic (125 ms), via config, would load at every `temper` start-up
     from temper.rollout.config import (
         MIB,
         EngineConfig,

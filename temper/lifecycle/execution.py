@@ -2,14 +2,18 @@
 
 The flow's tasks build the same workloads whatever the backend: the stage's one ``TrainConfig``
 (``tasks.training.stage_config``) and the one eval command (``workloads.evaluate`` over a set of
-domains, sharded by ``TEMPER_SHARD_INDEX``/``TEMPER_NUM_SHARDS``). What differs is only here:
+domains, sharded by the job settings' ``shard_index``/``num_shards``). What differs is only here:
 
 - how a job starts: a local process group (``infra.launcher_local``), or an Indexed Job +
   headless Service / sharded eval Jobs (``infra.k8s.launcher``, after ``infra.k8s.preflight``);
 - where the files a job reads and writes live: this machine, or the store (``s3://`` on a
   cluster: the training config, the exported model, eval results, checkpoints);
-- which sandbox the jobs' verifiers use (``TEMPER_SANDBOX_BACKEND``: bubblewrap here, sandbox
+- which sandbox the jobs' verifiers use (the settings' ``sandbox_backend``: bubblewrap here, sandbox
   pods on the cluster, ``infra.sandbox.pool.default_backend``).
+
+Every job gets its settings as typed sections the job's own ``Settings`` parses back
+(``temper.core.settings.section_env``/``with_job``): the sandbox backend, the flow's rollout section
+(where eval jobs generate with ``--generator rollout``) and the job section (parent run, shard).
 
 ``execution_for(backend)`` is the one place that maps the parameter to a backend; nothing else
 in the flow or its tasks branches on it.
@@ -43,7 +47,7 @@ from infra.k8s.options import options_from_env
 from infra.launcher_local import job_error, run_job
 from infra.storage import exists, join, put_dir, write_bytes_atomic
 from temper.core.errors import TemperError
-from temper.core.settings import get_settings
+from temper.core.settings import get_settings, section_env, with_job
 from temper.training.config import TrainConfig
 from temper.training.job import training_job
 from temper.training.progress import quiet_env
@@ -73,7 +77,11 @@ class LocalExecution:
     """Local processes in their own process group; files on this machine; bubblewrap sandboxes."""
 
     name = "local"
-    env = {"TEMPER_SANDBOX_BACKEND": "bwrap"}
+
+    def env(self) -> dict[str, str]:
+        """The settings every job of the run gets: bubblewrap sandboxes and the flow's rollout section (the api
+        key stays out of the job's spec: a local job has it from this process's environment)."""
+        return {"TEMPER_SANDBOX_BACKEND": "bwrap", **section_env("rollout", get_settings().rollout, {"api_key"})}
 
     def share(self, path: str) -> str:
         return path
@@ -83,17 +91,17 @@ class LocalExecution:
         config_path.parent.mkdir(parents=True, exist_ok=True)
         config_path.write_text(yaml.safe_dump(cfg.to_yaml_dict(), sort_keys=False))
         spec = training_job(str(config_path), cfg.mode)
-        spec.env.update({**self.env, "TEMPER_PARENT_RUN_ID": parent_run_id})
+        spec.env.update(with_job(self.env(), parent_run_id=parent_run_id))
         return spec, str(Path(cfg.output_dir) / "model")
 
     def eval_out(self, job: str) -> str:
         return tempfile.mkdtemp(prefix=f"temper-{job}-")
 
     def run(self, spec: JobSpec, on_line: LineFn, shards: int = 1) -> None:
-        """``shards`` copies of the job at once, each with its TEMPER_SHARD_INDEX; any non-zero exit raises."""
+        """``shards`` copies of the job at once, each with its shard in its job settings; any non-zero exit raises."""
         specs = [spec.model_copy(update={
             "name": f"{spec.name}-s{i}" if shards > 1 else spec.name,
-            "env": {**spec.env, **self.env, "TEMPER_SHARD_INDEX": str(i), "TEMPER_NUM_SHARDS": str(shards)}})
+            "env": with_job({**spec.env, **self.env()}, shard_index=i, num_shards=shards)})
             for i in range(shards)] if spec.kind == "eval" else [spec]
         tails = [deque(maxlen=40) for _ in specs]
         errors: list[list[str]] = [[] for _ in specs]
@@ -159,14 +167,19 @@ class KubernetesExecution:
         return uri
 
     def env(self) -> dict[str, str]:
-        """What every pod of the run needs to reach the same store, tracking server and sandboxes."""
+        """What every pod of the run needs to reach the same store, tracking server, sandboxes and rollout server.
+
+        Of the rollout section only what addresses a server goes: the embedded engine's folders are on this
+        machine (a pod serves the model it evaluates), and the api key is a credential (give pods it through
+        the options' ``env`` or the S3 secret's way, not in the Job's spec)."""
         s = get_settings()
         tracking = s.resolved_tracking_uri
         if not tracking.startswith(("http://", "https://")):
             raise TemperError(f"tracking URI {tracking}: pods on a cluster cannot write to it; set TEMPER_TRACKING_URI "
                               "to an MLflow server (k8s/base/mlflow.yaml)")
         env = {"TEMPER_HOME": self.POD_HOME, "TEMPER_STORAGE_ROOT": self._store(), "TEMPER_TRACKING_URI": tracking,
-               "TEMPER_SANDBOX_BACKEND": "kubernetes", "TEMPER_K8S_OPTIONS_JSON": self.opts.model_dump_json()}
+               "TEMPER_SANDBOX_BACKEND": "kubernetes", "TEMPER_K8S_OPTIONS_JSON": self.opts.model_dump_json(),
+               **section_env("rollout", s.rollout, {"api_key", "model_dir", "profile", "draft_dir"})}
         if s.s3_endpoint_url:
             env["TEMPER_S3_ENDPOINT_URL"] = s.s3_endpoint_url
         if os.environ.get("KUBECONFIG"):  # a path, not a credential: pods of a real cluster use in-cluster config first
@@ -182,8 +195,8 @@ class KubernetesExecution:
         spec = JobSpec(
             name=job_name(cfg.mode, cfg.run_name), kind="train", image=self.opts.image,
             command=["python", "-m", "workloads.train", cfg.mode, "--config", config_uri, "--export-to", model_uri],
-            env={**quiet_env(), "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false", **env,
-                 "TEMPER_PARENT_RUN_ID": parent_run_id},
+            env={**quiet_env(), "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false",
+                 **with_job(env, parent_run_id=parent_run_id)},
             nodes=cfg.world_size if cfg.deepspeed else 1, procs_per_node=1, distributed=cfg.deepspeed,
             accelerate_config=f"{self.opts.app_dir.rstrip('/')}/{self.opts.accelerate_config}" if cfg.deepspeed else None,
             resources=self.opts.train_resources, timeout_s=cfg.stage.timeout_s, retries=1)

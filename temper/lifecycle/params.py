@@ -9,13 +9,11 @@ validated, i.e. when a flow run starts, before any compute.
 
 from __future__ import annotations
 
-from typing import Literal
-
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from temper.core.config_files import load_config
 from temper.core.errors import TemperError
-from temper.core.settings import get_settings
+from temper.core.settings import Backend, get_settings
 from temper.registry.gate import PromotionPolicy
 from temper.training.config import (
     PRECISION_HELP,
@@ -69,7 +67,7 @@ class PostTrainingParams(BaseModel):
     grpo: GRPOSettings = Field(default_factory=GRPOSettings)
     eval: EvalSettings = Field(default_factory=EvalSettings)
     promotion: PromotionPolicy = Field(default_factory=PromotionPolicy)
-    backend: Literal["local", "kubernetes"] | None = Field(
+    backend: Backend | None = Field(
         default=None, description="Where training, eval and sandbox jobs run: local processes or a Kubernetes "
         "cluster. Empty = the TEMPER_BACKEND setting of the process the flow run starts in.")
     world_size: WorldSize = Field(default="auto", validate_default=True,
@@ -88,7 +86,6 @@ class PostTrainingParams(BaseModel):
         (not at import or deploy time, so a deployment's form never bakes in the deploying machine's setting)."""
         if self.backend is not None:
             return self
-
         return self.model_copy(update={"backend": get_settings().backend})
 
 

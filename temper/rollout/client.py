@@ -1,8 +1,8 @@
 """One rollout client for both backends: the official ``openai`` package against an OpenAI-compatible server.
 
-``RolloutSettings.backend`` picks the server: ``vllm`` -> the vLLM Service at ``base_url``;
-``embedded`` -> ``base_url`` of a running ``temper serve``, or (no base_url) the engine started
-in this process on 127.0.0.1. Everything after that is the same HTTP client, so eval and GRPO
+The rollout section of the settings (``get_settings().rollout``, ``TEMPER_ROLLOUT_*``) picks the
+server: ``vllm`` -> the vLLM Service at ``base_url``; ``embedded`` -> ``base_url`` of a running
+``temper serve``, or (no base_url) the engine started in this process on 127.0.0.1. Everything after that is the same HTTP client, so eval and GRPO
 code never branch on the backend.
 
 For eval: ``generate(prompts, max_tokens, temperature=0)`` -> one greedy completion per prompt.
@@ -21,7 +21,8 @@ from typing import Any
 
 from openai import APIStatusError, OpenAI
 
-from temper.rollout.config import RolloutSettings
+from temper.core.settings import RolloutSettings, get_settings
+from temper.rollout.config import engine_config
 from temper.rollout.engine import Engine
 from temper.rollout.server import EmbeddedServer
 
@@ -40,11 +41,15 @@ class Completion:
 
 class RolloutClient:
     def __init__(self, settings: RolloutSettings | None = None, **overrides: Any) -> None:
-        self.settings = settings or RolloutSettings(**overrides)
+        """``settings``: the process's rollout settings unless given; ``overrides`` replace some of their fields."""
+        settings = settings or get_settings().rollout
+        if overrides:
+            settings = RolloutSettings.model_validate({**settings.model_dump(), **overrides})
+        self.settings = settings.checked()
         self._server = None
         base_url = self.settings.base_url
         if base_url is None:
-            self._server = EmbeddedServer(Engine(self.settings.engine_config()))
+            self._server = EmbeddedServer(Engine(engine_config(self.settings)))
             base_url = self._server.start()
         self.base_url = base_url
         self.openai = OpenAI(base_url=base_url, api_key=self.settings.api_key, timeout=self.settings.timeout_s,
@@ -164,11 +169,11 @@ _default_lock = threading.Lock()
 
 
 def default_client() -> RolloutClient:
-    """The process-wide client built from ``TEMPER_ROLLOUT_*`` settings (started on first use)."""
+    """The process-wide client built from the rollout settings (``TEMPER_ROLLOUT_*``; started on first use)."""
     global _default
     with _default_lock:
         if _default is None:
-            _default = RolloutClient(RolloutSettings())
+            _default = RolloutClient()
         return _default
 
 

@@ -1,18 +1,21 @@
-"""Typed configuration of the rollout engine, its lanes, the fast profile and the backend choice.
+"""Typed configuration of the rollout engine, its lanes and the fast profile.
 
-Two layers: ``EngineConfig`` (what the embedded engine does: lanes, prefix-cache budget, chunk
-sizes) and ``RolloutSettings`` (where rollouts go: the embedded engine or a vLLM server at
-``base_url``). Both are pydantic so a bad value fails at load time with the field's name, not in
-the middle of a GRPO step.
+``EngineConfig`` is what the embedded engine does (lanes, prefix-cache budget, chunk sizes);
+where rollouts go (the embedded engine or a vLLM server at ``base_url``) is the platform's
+settings, ``temper.core.settings.RolloutSettings``, and ``engine_config`` turns those into an
+``EngineConfig``. Pydantic, so a bad value fails at load time with the field's name, not in the
+middle of a GRPO step.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
-from pydantic_settings import BaseSettings, SettingsConfigDict
+
+if TYPE_CHECKING:  # a type only: pydantic_settings (130 ms) would load in fast unit tests (test_rollout_scheduler.py)
+    from temper.core.settings import RolloutSettings
 
 MIB = 1024 * 1024
 
@@ -143,49 +146,10 @@ class EngineConfig(BaseModel):
         return self
 
 
-class RolloutSettings(BaseSettings):
-    """Where rollouts are generated. Env prefix ``TEMPER_ROLLOUT_`` or a YAML ``rollout:`` section."""
-
-    model_config = SettingsConfigDict(env_prefix="TEMPER_ROLLOUT_", extra="ignore")
-
-    backend: Literal["embedded", "vllm"] = Field(
-        default="embedded", description="'embedded': the transformers engine in this repo; 'vllm': a vLLM server.")
-    base_url: str | None = Field(
-        default=None,
-        description="OpenAI-compatible base URL ending in /v1. Required for vllm; for embedded, None starts the "
-                    "engine in-process on 127.0.0.1 and points the client at it.")
-    model: str = Field(default="temper", description="Served model name (vLLM: --served-model-name).")
-    api_key: str = Field(default="EMPTY", description="Bearer token; vLLM --api-key, ignored by the embedded server.")
-    model_dir: Path | None = Field(default=None, description="Embedded backend: model folder to load.")
-    profile: Literal["standard", "fast"] = "standard"
-    draft_dir: Path | None = Field(default=None, description="Embedded fast profile: the draft model folder.")
-    timeout_s: float = Field(default=600.0, gt=0, description="Per-request HTTP timeout.")
-    max_retries: int = Field(default=4, ge=0, description="openai client retries (429s back off and retry).")
-    concurrency: int = Field(default=8, ge=1, description="Requests the client keeps in flight.")
-
-    @model_validator(mode="after")
-    def _check(self) -> RolloutSettings:
-        if self.backend == "vllm" and not self.base_url:
-            raise ValueError("backend 'vllm' needs base_url (e.g. http://vllm.temper.svc:8000/v1)")
-        if self.backend == "embedded" and not self.base_url and self.model_dir is None:
-            raise ValueError("backend 'embedded' needs model_dir (or base_url of a running `temper serve`)")
-        if self.profile == "fast" and self.backend == "embedded" and not self.base_url and self.draft_dir is None:
-            raise ValueError("profile 'fast' needs draft_dir")
-        return self
-
-    @classmethod
-    def from_yaml(cls, path: str | Path) -> RolloutSettings:
-        """Read the ``rollout:`` section of a YAML file (values come from the file alone, not the environment)."""
-        # lazy: yaml (11 ms) would load in fast unit tests (test_rollout_scheduler.py)
-        import yaml
-
-        raw = yaml.safe_load(Path(path).read_text()) or {}
-        return cls.model_validate(raw.get("rollout", raw))
-
-    def engine_config(self, **overrides) -> EngineConfig:
-        """The embedded engine this setting asks for."""
-        if self.model_dir is None:
-            raise ValueError("engine_config needs model_dir")
-        spec = SpeculativeConfig(draft_dir=self.draft_dir) if self.profile == "fast" and self.draft_dir else None
-        return EngineConfig(model_dir=self.model_dir, served_model_name=self.model, profile=self.profile,
-                            speculative=spec, **overrides)
+def engine_config(rollout: RolloutSettings, **overrides) -> EngineConfig:
+    """The embedded engine a rollout setting (``Settings.rollout``) asks for."""
+    if rollout.model_dir is None:
+        raise ValueError("engine_config needs model_dir")
+    spec = SpeculativeConfig(draft_dir=rollout.draft_dir) if rollout.profile == "fast" and rollout.draft_dir else None
+    return EngineConfig(model_dir=rollout.model_dir, served_model_name=rollout.model, profile=rollout.profile,
+                        speculative=spec, **overrides)

@@ -42,6 +42,8 @@ def _dist():
 
 
 def _rank() -> int:
+    # RANK/LOCAL_RANK are the launcher's contract (torchrun, accelerate launch), not temper settings: the variables
+    # torch.distributed reads itself, there with or without a process group (one-process runs have none)
     return int(os.environ.get("RANK", "0"))
 
 
@@ -112,7 +114,7 @@ class TemperCallback(TrainerCallback):
         configure(self.settings, wait=True)
         with outage_named(f"the start of {self.cfg.mode} run {self.cfg.run_name}"):
             use_experiment(self.cfg.mlflow_experiment, self.settings)
-            parent = os.environ.get("TEMPER_PARENT_RUN_ID")
+            parent = self.settings.job.parent_run_id  # the lifecycle run, when a flow started this job
             name, key = f"{self.cfg.mode}-{self.cfg.run_name}", ckpt.record_key(self.cfg, self.settings)
             run_id, existed = open_keyed_run(self.cfg.mlflow_experiment, key, name, parent_run_id=parent, tags={
                     TAG_KIND: "stage", TAG_STAGE: self.cfg.mode, TAG_GIT: code_version(),

@@ -10,6 +10,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+from temper.core.settings import with_job
 from temper.training.tiny import init_tiny
 
 pytestmark = pytest.mark.slow  # trains or runs whole benchmarks: `make test-fast` skips it
@@ -21,7 +22,7 @@ DOMAINS = ["arithmetic", "multiplication", "tool_calls"]
 def _run(model: str, out: Path, index: int, count: int) -> subprocess.CompletedProcess:
     cmd = [sys.executable, "-m", "workloads.evaluate", "--model", model, "--limit", "6", "--max-new-tokens", "4",
            "--out", str(out)] + [a for d in DOMAINS for a in ("--domain", d)]
-    env = {**os.environ, "TEMPER_SHARD_INDEX": str(index), "TEMPER_NUM_SHARDS": str(count), "OMP_NUM_THREADS": "1"}
+    env = {**with_job(os.environ, shard_index=index, num_shards=count), "OMP_NUM_THREADS": "1"}  # as the flow's jobs
     return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
 
 

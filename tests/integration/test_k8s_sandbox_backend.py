@@ -139,10 +139,10 @@ def test_box_is_a_restricted_pod_that_waits_until_running(pod_fs):
 
 def test_a_box_made_in_a_jobs_pod_carries_the_jobs_name(pod_fs, monkeypatch):
     """The launcher deletes the boxes a job left by this label (test_k8s_standin_jobs: no sandbox pod outlives
-    its job); the job's pods say their job in TEMPER_SANDBOX_OWNER, which the pool's backend reads."""
+    its job); the job's pods say their job in their job settings (TEMPER_JOB), which the pool's backend reads."""
     from infra.k8s import api as cluster_api
     from infra.sandbox import pool
-    from temper.core.settings import get_settings
+    from temper.core.settings import get_settings, with_job
 
     api = FakeClusterApi([RUNNING])
     backend, _, _ = _backend(api, pod_fs, owner="eval-pt-1234")
@@ -152,7 +152,7 @@ def test_a_box_made_in_a_jobs_pod_carries_the_jobs_name(pod_fs, monkeypatch):
     box.close()
     assert m.OWNER_LABEL not in m.sandbox_pod("sandbox-y", OPTS, 600).metadata.labels  # made outside any job
 
-    monkeypatch.setenv(m.OWNER_ENV, "eval-pt-1234")
+    monkeypatch.setenv("TEMPER_JOB", with_job({}, sandbox_owner="eval-pt-1234")["TEMPER_JOB"])
     monkeypatch.setenv("TEMPER_SANDBOX_BACKEND", "kubernetes")
     monkeypatch.setattr(cluster_api, "load_config", lambda context=None: None)
     get_settings.cache_clear()

@@ -20,6 +20,7 @@ from infra.k8s.api import ClusterApi
 from infra.k8s.errors import JobFailed, KubernetesError
 from infra.k8s.launcher import KubernetesLauncher
 from infra.k8s.options import KubernetesOptions
+from temper.core.settings import JobSettings
 
 NS = "temper"
 OPTS = KubernetesOptions(namespace=NS, priority_class=None, sandbox_priority_class=None, s3_secret=None,
@@ -209,7 +210,7 @@ def test_pods_the_job_controller_cannot_create_fail_the_launcher_at_once(k8s_clu
 
 @pytest.mark.parametrize("end", ["exits", "fails", "killed"])
 def test_no_sandbox_pod_outlives_the_job_that_made_it(k8s_cluster, end):
-    """Sandbox pods carry their job's name (``OWNER_LABEL``, from the job pods' TEMPER_SANDBOX_OWNER); however the
+    """Sandbox pods carry their job's name (``OWNER_LABEL``, from the job pods' settings, job.sandbox_owner); however the
     job ends, the launcher deletes those it left, and only those. A killed eval pod used to leave its sandbox pods
     running until their deadline (an hour): nothing in the pod could delete them."""
     import threading
@@ -225,7 +226,7 @@ def test_no_sandbox_pod_outlives_the_job_that_made_it(k8s_cluster, end):
     script = {"exits": "exit 0", "fails": "exit 3", "killed": "sleep 60"}[end]
     run = spec(job, kind="train", nodes=1, distributed=False, retries=0, command=["sh", "-c", script])
     env = {e.name: e.value for e in m.objects_for(run, opts)[-1].spec.template.spec.containers[0].env}
-    assert env[m.OWNER_ENV] == job  # what the pool's backend labels its boxes with
+    assert JobSettings.model_validate_json(env["TEMPER_JOB"]).sandbox_owner == job  # what the pool's backend labels boxes with
     if end == "killed":
         def kill_when_running():
             k8s_cluster.wait_for("the job's pod running", lambda: any(p.status.phase == "Running"

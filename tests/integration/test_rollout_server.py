@@ -15,7 +15,8 @@ import torch
 import requests
 
 from temper.rollout.client import ChatPolicy, RolloutClient
-from temper.rollout.config import EngineConfig, LaneConfig, RolloutSettings
+from temper.core.settings import RolloutSettings
+from temper.rollout.config import EngineConfig, LaneConfig
 from temper.rollout.decoding import SamplingParams
 from temper.rollout.engine import Engine
 from temper.rollout.server import EmbeddedServer

@@ -9,7 +9,7 @@ import pytest
 import yaml
 
 from temper.core.errors import TemperError
-from temper.core.settings import get_settings
+from temper.core.settings import JobSettings, RolloutSettings, get_settings
 from temper.lifecycle.execution import JobError, KubernetesExecution, LocalExecution, execution_for
 from temper.lifecycle.params import PostTrainingParams
 
@@ -79,7 +79,8 @@ def test_kubernetes_training_job_carries_the_same_config_through_the_store(setti
     assert sent.output_dir.startswith("/tmp/temper/")  # the pod's writable emptyDir
     assert spec.nodes == 2 and spec.procs_per_node == 1 and spec.distributed and spec.retries == 1
     assert spec.accelerate_config == "/srv/temper/docker/accelerate-zero3-multinode-cpu.yaml"
-    assert spec.env["TEMPER_SANDBOX_BACKEND"] == "kubernetes" and spec.env["TEMPER_PARENT_RUN_ID"] == "run123"
+    assert spec.env["TEMPER_SANDBOX_BACKEND"] == "kubernetes"
+    assert JobSettings.model_validate_json(spec.env["TEMPER_JOB"]).parent_run_id == "run123"
     assert spec.env["TEMPER_STORAGE_ROOT"] == f"file://{tmp_path}/store" and "AWS_SECRET_ACCESS_KEY" not in spec.env
     assert KubernetesOptions.model_validate_json(spec.env["TEMPER_K8S_OPTIONS_JSON"]).app_dir == "/srv/temper"
 
@@ -107,11 +108,12 @@ def test_local_training_job_is_the_unchanged_local_path(settings_env, tmp_path):
 def test_local_shards_each_get_their_index_and_a_failure_names_the_job_with_its_tail():
     from infra.jobspec import JobSpec
 
-    code = "import os; print('shard', os.environ['TEMPER_SHARD_INDEX'], os.environ['TEMPER_NUM_SHARDS'], os.environ['TEMPER_SANDBOX_BACKEND'])"
+    code = ("from temper.core.settings import get_settings as g; s = g(); "
+            "print('shard', s.job.shard_index, s.job.num_shards, s.sandbox_backend)")
     lines: list[str] = []
     LocalExecution().run(JobSpec(name="eval-x", kind="eval", command=[sys.executable, "-c", code]), lines.append, shards=3)
     assert sorted(lines) == ["shard 0 3 bwrap", "shard 1 3 bwrap", "shard 2 3 bwrap"]
-    bad = "import os, sys; print('boom'); sys.exit(int(os.environ['TEMPER_SHARD_INDEX']) * 3)"
+    bad = "import sys; from temper.core.settings import get_settings as g; print('boom'); sys.exit(g().job.shard_index * 3)"
     with pytest.raises(JobError, match=r"job eval-x-s1 failed with exit status 3; last lines:\nboom"):
         LocalExecution().run(JobSpec(name="eval-x", kind="eval", command=[sys.executable, "-c", bad]), lambda s: None,
                              shards=2)
@@ -159,4 +161,33 @@ def test_what_the_kubernetes_backend_submits_is_schema_valid_and_restricted(sett
             assert restricted_violations(pod) == [] and pod["serviceAccountName"] == "temper-workload"
     shard_env = [{e["name"]: e.get("value") for e in m.to_dict(j)["spec"]["template"]["spec"]["containers"][0]["env"]}
                  for j in objects[2:]]
-    assert [(e["TEMPER_SHARD_INDEX"], e["TEMPER_NUM_SHARDS"]) for e in shard_env] == [("0", "2"), ("1", "2")]
+    shards = [JobSettings.model_validate_json(e["TEMPER_JOB"]) for e in shard_env]
+    assert [(j.shard_index, j.num_shards, j.sandbox_owner) for j in shards] == [
+        (0, 2, "eval-base-0123456789-s0"), (1, 2, "eval-base-0123456789-s1")]
+
+
+def test_jobs_get_the_flows_rollout_section_typed_and_pods_only_what_addresses_a_server(settings_env, tmp_path):
+    """The rollout section reaches every job as one variable its own Settings parses back; pods do not get this
+    machine's model folders, and no job's spec carries the api key."""
+    settings_env(TEMPER_ROLLOUT_BACKEND="vllm", TEMPER_ROLLOUT_BASE_URL="http://vllm:8000/v1",
+                 TEMPER_ROLLOUT_API_KEY="sk-rollout-key", TEMPER_ROLLOUT_MODEL_DIR=str(tmp_path),
+                 TEMPER_STORAGE_ROOT=f"file://{tmp_path}/store", TEMPER_TRACKING_URI="http://mlflow:5000")
+    local, _ = LocalExecution().training_job(_cfg(tmp_path).model_copy(update={"base_model": str(tmp_path)}), "r")
+    pod, _ = KubernetesExecution(api=NoApi(), host="h").training_job(_cfg(tmp_path), "r")
+    sent = {name: RolloutSettings.model_validate_json(spec.env["TEMPER_ROLLOUT"]) for name, spec in
+            (("local", local), ("pod", pod))}
+    assert (sent["local"].backend, sent["local"].base_url, sent["local"].model_dir) == ("vllm", "http://vllm:8000/v1",
+                                                                                       tmp_path)
+    assert (sent["pod"].backend, sent["pod"].base_url, sent["pod"].model_dir) == ("vllm", "http://vllm:8000/v1", None)
+    assert all("sk-rollout-key" not in value for spec in (local, pod) for value in spec.env.values())
+
+
+def test_settings_sections_load_from_their_variables_and_from_one_json_variable(settings_env):
+    """Users keep TEMPER_ROLLOUT_<FIELD>; a job's section comes as JSON (TEMPER_JOB), and its own variables win."""
+    settings_env(TEMPER_ROLLOUT_BACKEND="vllm", TEMPER_ROLLOUT_BASE_URL="http://h:8000/v1",
+                 TEMPER_JOB='{"shard_index": 1, "num_shards": 3}', TEMPER_JOB_NUM_SHARDS="4",
+                 TEMPER_S3_ENDPOINT_URL="http://minio:9000")
+    s = get_settings()
+    assert (s.rollout.backend, s.rollout.base_url, s.rollout.model) == ("vllm", "http://h:8000/v1", "temper")
+    assert (s.job.shard_index, s.job.num_shards, s.job.parent_run_id) == (1, 4, None)
+    assert s.s3_endpoint_url == "http://minio:9000"  # a flat field with "_" in its name is untouched

@@ -1,5 +1,5 @@
-"""Backend selection (embedded | vllm) is typed and validated, and the vLLM manifests validate strictly and
-run `vllm serve` with prefix caching and chunked prefill on a GPU."""
+"""Backend selection (embedded | vllm) is a typed section of the one settings model, checked when a client is
+made, and the vLLM manifests validate strictly and run `vllm serve` with prefix caching and chunked prefill on a GPU."""
 
 from pathlib import Path
 
@@ -8,26 +8,37 @@ import pytest
 import yaml
 from pydantic import ValidationError
 
-from temper.rollout.config import RolloutSettings
+from temper.core.settings import RolloutSettings, Settings
+from temper.rollout.config import engine_config
 
 ROOT = Path(__file__).resolve().parents[2]
 VLLM = ROOT / "k8s" / "vllm"
 
 
 def test_vllm_backend_needs_a_base_url_and_reads_env(monkeypatch):
-    with pytest.raises(ValidationError, match="base_url"):
-        RolloutSettings(backend="vllm")
+    with pytest.raises(ValueError, match="base_url"):
+        RolloutSettings(backend="vllm").checked()
     monkeypatch.setenv("TEMPER_ROLLOUT_BACKEND", "vllm")
     monkeypatch.setenv("TEMPER_ROLLOUT_BASE_URL", "http://vllm-rollout.temper.svc:8000/v1")
-    s = RolloutSettings()
+    s = Settings().rollout.checked()
     assert s.backend == "vllm" and s.base_url.endswith("/v1")
 
 
+def test_settings_load_with_an_unusable_rollout_section_and_no_backend_is_the_default(monkeypatch):
+    """Only a client needs a usable section: a process that never generates starts whatever it says."""
+    monkeypatch.setenv("TEMPER_ROLLOUT_BACKEND", "vllm")
+    assert Settings().rollout.base_url is None
+    monkeypatch.delenv("TEMPER_ROLLOUT_BACKEND")
+    assert Settings().rollout.backend is None  # eval jobs then generate with transformers (--generator local)
+
+
 def test_embedded_backend_needs_a_model_or_a_server(tmp_path):
-    with pytest.raises(ValidationError, match="model_dir"):
-        RolloutSettings(backend="embedded")
-    assert RolloutSettings(base_url="http://127.0.0.1:8000/v1").backend == "embedded"
-    cfg = RolloutSettings(model_dir=tmp_path, profile="fast", draft_dir=tmp_path / "d").engine_config()
+    with pytest.raises(ValueError, match="model_dir"):
+        RolloutSettings(backend="embedded").checked()
+    assert RolloutSettings(backend="embedded", base_url="http://127.0.0.1:8000/v1").checked().backend == "embedded"
+    with pytest.raises(ValueError, match="draft_dir"):
+        RolloutSettings(model_dir=tmp_path, profile="fast").checked()
+    cfg = engine_config(RolloutSettings(model_dir=tmp_path, profile="fast", draft_dir=tmp_path / "d").checked())
     assert cfg.profile == "fast" and cfg.speculative.draft_dir == tmp_path / "d"
 
 
