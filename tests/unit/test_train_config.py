@@ -185,9 +185,6 @@ def test_generation_switch_is_one_field_from_the_form_to_the_trainer():
         PostTrainingParams.model_validate({"grpo": {"generation": "vllm"}})
     with pytest.raises(ValidationError, match="vllm_server_url is set but generation is 'engine'"):
         GRPOSettings(generation="engine", vllm_server_url="http://v:8000")
-    vllm = GRPOSettings(generation="vllm", vllm_server_url="http://v:8000").trl_generation_kwargs()
-    assert vllm == {"use_vllm": True, "vllm_mode": "server", "vllm_server_base_url": "http://v:8000"}
-    assert GRPOSettings(generation="engine").trl_generation_kwargs() == {}  # the engine is the rollout_func
 
 
 def test_rollout_for_routes_generation_and_refuses_vllm_for_multi_step_domains():
