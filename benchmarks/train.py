@@ -9,7 +9,7 @@ Runs (same model, same rows in the same order, same global batch: 4 prompts x 4 
 * temper ZeRO-3: deepspeed=True, world_size=2, per_device_batch_size=8;
 * temper single: deepspeed=False, world_size=1, per_device_batch_size=16 (the baseline of ZeRO-3);
 * bare TRL: benchmarks/bare_trl_grpo.py, one process, the GRPOConfig values temper's run uses
-  (checked field by field against ``temper.training.run._args``), the rows temper's domain
+  (checked field by field against ``temper.training.trl_args.trl_config``), the rows temper's domain
   sampler produced, a plain-function numeric reward, no temper callback (the baseline of temper).
 temper single and bare TRL alternate (single, bare, bare, single, ...) and ZeRO-3 runs first and
 last, so drift on a noisy machine hits every kind alike.
@@ -156,13 +156,12 @@ def check_same_args(cfg, kwargs: dict) -> int:
     from accelerate import PartialState
     from trl import GRPOConfig
 
-    from temper.training.run import _args
-
     from temper.training.device import rank_placement
+    from temper.training.trl_args import trl_config
 
     placement = rank_placement(cfg.precision)
     PartialState(cpu=not placement.cuda)  # as temper.training.run.train does before building its args
-    ours, bare = _args(cfg, None, placement).to_dict(), GRPOConfig(**kwargs).to_dict()
+    ours, bare = trl_config(cfg, None, placement).to_dict(), GRPOConfig(**kwargs).to_dict()
     skip = {"output_dir", "logging_dir", "accelerator_config"}  # temper: use_configured_state (its PartialState)
     diff = {k: (ours[k], bare.get(k)) for k in ours if k not in skip and ours[k] != bare.get(k)}
     assert not diff, f"bare TRL args differ from temper's: {diff}"

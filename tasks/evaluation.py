@@ -9,8 +9,7 @@ from dataclasses import asdict
 
 from prefect import get_run_logger, task
 
-from infra.jobspec import JobSpec
-from infra.k8s.options import job_name
+from infra.jobspec import JobSpec, job_name
 from infra.storage import get_fs, join
 from infra.tracking.connection import configure
 from tasks.tracking import MLFLOW_RETRY
@@ -44,7 +43,7 @@ def evaluate(model_dir: str, domains: list[str], settings: EvalSettings, label: 
         return done
     execution = execution_for(backend)
     shards = max(1, min(settings.shards, len(domains)))
-    name = job_name(parent_run_id or uuid.uuid4().hex, f"eval-{label}", max_len=44)
+    name = job_name(f"eval-{label}", parent_run_id or uuid.uuid4().hex, max_len=44)  # room for -s<shard>
     out = execution.eval_out(name)
     command = [sys.executable, "-m", "workloads.evaluate", "--model", execution.share(model_dir), "--limit",
                str(settings.limit), "--max-new-tokens", str(settings.max_new_tokens), "--out", out]

@@ -9,9 +9,7 @@ the field.
 
 from __future__ import annotations
 
-import hashlib
 import os
-import re
 from collections.abc import Mapping
 from pathlib import Path
 from typing import TypeVar
@@ -137,18 +135,3 @@ def options_from_env(environ: Mapping[str, str] | None = None) -> KubernetesOpti
         except ValidationError as e:
             raise KubernetesError(f"{OPTIONS_JSON_ENV}: {e.errors()[0]['loc']}: {e.errors()[0]['msg']}") from None
     return KubernetesOptions()
-
-
-_LABEL_BAD = re.compile(r"[^a-z0-9-]+")
-
-
-def job_name(flow_run_id: str, stage: str, max_len: int = 52) -> str:
-    """Deterministic DNS-1123 name from flow run + stage: a retried task finds (adopts) its own Job.
-
-    The stage stays readable; the flow run id is hashed because Prefect ids are UUIDs (36
-    chars) and names of pods derived from the Job must stay under 63 characters.
-    """
-    digest = hashlib.sha256(flow_run_id.encode()).hexdigest()[:10]
-    slug = _LABEL_BAD.sub("-", stage.lower()).strip("-") or "job"
-    slug = slug[: max_len - len(digest) - 1].rstrip("-")
-    return f"{slug}-{digest}"

@@ -24,7 +24,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import re
 import sys
 import tempfile
 import threading
@@ -37,7 +36,7 @@ from typing import Protocol
 
 import yaml
 
-from infra.jobspec import JobSpec
+from infra.jobspec import JobSpec, job_name
 from infra.k8s import manifests as m
 from infra.k8s import preflight
 from infra.k8s.api import ClusterApi, load_config
@@ -57,11 +56,6 @@ LineFn = Callable[[str], None]
 
 class JobError(TemperError):
     """A training or eval job did not succeed; the message names the job and ends with its last lines."""
-
-
-def job_name(prefix: str, run_name: str) -> str:
-    """The DNS-1123 name of a run's job (Job, Service, process group): deterministic, so a retry finds it."""
-    return re.sub(r"[^a-z0-9-]", "-", f"{prefix}-{run_name}".lower())[:52].strip("-")
 
 
 class Execution(Protocol):

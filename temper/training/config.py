@@ -3,7 +3,7 @@
 ``SFTSettings`` and ``GRPOSettings`` are the knobs of one training stage. The post_training
 flow takes them as parameters (the Prefect UI renders them as the run form) and passes the
 same objects into ``TrainConfig``, which ``temper train`` also reads from YAML: one set of
-names and defaults from the form to the TRL config (``temper.training.run._args``). The
+names and defaults from the form to the TRL config (``temper.training.trl_args``). The
 checks that involve several fields (GRPO group divisibility, mixing weights, DeepSpeed vs
 world size) are functions here, run by both ``TrainConfig`` and ``PostTrainingParams``,
 so a flow run with an impossible combination fails at parameter validation, before compute.
@@ -135,18 +135,6 @@ class GRPOSettings(StageSettings):
             raise ValueError(f"vllm_server_url is set but generation is {self.generation!r}: set generation: vllm "
                              "or remove it")
         return self
-
-    def trl_generation_kwargs(self) -> dict:
-        """The GRPOConfig options of ``generation`` (the engine needs none: it is the rollout_func).
-
-        'vllm' is TRL's own server mode, which pushes the weights to the server after every optimizer
-        step (``VLLMGeneration.sync_weights``: gathered under ZeRO-3, broadcast over NCCL, the server's
-        prefix cache reset). Written to TRL 1.16's documented options; it needs a GPU vLLM server
-        (`trl vllm-serve`), so it has not run here.
-        """
-        if self.generation != "vllm":
-            return {}
-        return {"use_vllm": True, "vllm_mode": "server", "vllm_server_base_url": self.vllm_server_url}
 
 
 def check_grpo_batch(grpo: GRPOSettings, world_size: int, where: str = "grpo") -> None:

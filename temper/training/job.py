@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-import re
 import sys
 from pathlib import Path
 
-from infra.jobspec import JobSpec
+from infra.jobspec import JobSpec, job_name
 from temper.core.settings import get_settings
 from temper.data.catalog import load_catalog, select_domains
 from temper.training.config import TrainConfig, TrainingError, load_config
@@ -36,7 +35,6 @@ def training_job(config_path: str, mode: str, max_steps: int | None = None) -> J
     if cfg.deepspeed:
         _, acc_path = write_launch_configs(cfg, Path(cfg.output_dir) / "launch")
         acc = str(acc_path)
-    name = re.sub(r"[^a-z0-9-]", "-", f"{mode}-{cfg.run_name}")[:52].strip("-")
-    return JobSpec(name=name, kind="train", command=command, env=launch_env(cfg.world_size),
+    return JobSpec(name=job_name(mode, cfg.run_name), kind="train", command=command, env=launch_env(cfg.world_size),
                    procs_per_node=cfg.world_size, distributed=cfg.deepspeed, accelerate_config=acc,
                    timeout_s=cfg.stage.timeout_s)

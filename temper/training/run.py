@@ -31,12 +31,13 @@ from temper.training.callbacks import TemperCallback
 from temper.training.config import TrainConfig, TrainingError
 from temper.training.curriculum import CurriculumStream, lazy_dataset, replay
 from temper.training.deepspeed import write_launch_configs
-from temper.training.device import Placement, configure_rank, rank_placement
+from temper.training.device import configure_rank, rank_placement
 from temper.training.disk import disk_full_is_named, folder_bytes
 from temper.training.mixing import DomainMixSampler
 from temper.training.multiturn import is_multiturn, rollout_for
 from temper.training.rewards import DomainRewards
 from temper.training.throughput import RolloutTimer
+from temper.training.trl_args import trl_config
 
 log = logging.getLogger("temper.train")
 
@@ -164,33 +165,6 @@ def sampler_state(cfg: TrainConfig, domains: list[Domain], frames: dict[str, Any
     return new_stream(cfg, domains, frames, stream.observations, step).state_dict()
 
 
-def _args(cfg: TrainConfig, ds_json: str | None, placement: Placement):
-    """The TRL config: each stage setting under its own name (TRL's where they differ); the device and precision
-    are the placement's."""
-    s = cfg.stage
-    common = dict(
-        output_dir=cfg.output_dir, max_steps=s.max_steps, per_device_train_batch_size=s.per_device_batch_size,
-        gradient_accumulation_steps=1, learning_rate=s.learning_rate, lr_scheduler_type=s.lr_scheduler_type,
-        warmup_steps=s.warmup_steps, weight_decay=s.weight_decay, seed=cfg.seed, data_seed=cfg.seed,
-        logging_steps=1, save_strategy="steps", save_steps=s.checkpoint_every, save_total_limit=s.save_total_limit,
-        report_to=[], deepspeed=ds_json, optim="adamw_torch", use_cpu=not placement.cuda and not cfg.deepspeed,
-        bf16=placement.bf16, fp16=False,
-        dataloader_num_workers=0, disable_tqdm=True, train_sampling_strategy="sequential", remove_unused_columns=False,
-        accelerator_config={"use_configured_state": True},
-    )
-    if cfg.mode == "sft":
-        # lazy: trl (200 ms) would load in fast unit tests (test_domain_roles.py)
-        from trl import SFTConfig
-
-        return SFTConfig(max_length=s.max_length, completion_only_loss=True, packing=False, **common)
-    # lazy: trl (200 ms) would load in fast unit tests (test_domain_roles.py)
-    from trl import GRPOConfig
-
-    return GRPOConfig(num_generations=s.num_generations, max_completion_length=s.max_completion_length,
-                      temperature=s.temperature, beta=s.beta, shuffle_dataset=False, log_completions=False,
-                      **s.trl_generation_kwargs(), **common)
-
-
 def train(cfg: TrainConfig, settings: Settings | None = None) -> dict[str, Any]:
     """Run (or resume) the configured training on this rank; returns rank-local results."""
     # lazy: torch+datasets (2.4 s) would load in fast unit tests (test_domain_roles.py)
@@ -213,7 +187,7 @@ def train(cfg: TrainConfig, settings: Settings | None = None) -> dict[str, Any]:
     # plain DDP. Configure the state first: the placement's backend (gloo on CPU, NCCL on GPUs) + DeepSpeed
     # comm (zero.Init in from_pretrained needs it), which the Trainer then adopts (use_configured_state).
     state = PartialState(backend=placement.backend) if cfg.deepspeed else PartialState(cpu=not placement.cuda)
-    args = _args(cfg, ds_json, placement)
+    args = trl_config(cfg, ds_json, placement)
     resume_from, stream = None, None
     if curriculum_on(cfg):
         stream = new_stream(cfg, domains, frames)

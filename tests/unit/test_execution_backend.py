@@ -78,6 +78,7 @@ def test_kubernetes_training_job_carries_the_same_config_through_the_store(setti
     assert sent.model_dump(exclude={"output_dir"}) == cfg.model_dump(exclude={"output_dir"})  # one TrainConfig
     assert sent.output_dir.startswith("/tmp/temper/")  # the pod's writable emptyDir
     assert spec.nodes == 2 and spec.procs_per_node == 1 and spec.distributed and spec.retries == 1
+    assert spec.name == "grpo-pt-abc-grpo"  # the local job's name too (test_local_training_job_...): one job_name
     assert spec.accelerate_config == "/srv/temper/docker/accelerate-zero3-multinode-cpu.yaml"
     assert spec.env["TEMPER_SANDBOX_BACKEND"] == "kubernetes"
     assert JobSettings.model_validate_json(spec.env["TEMPER_JOB"]).parent_run_id == "run123"

@@ -27,11 +27,8 @@ def test_shipped_configs_are_the_flow_defaults_and_the_k8s_jobs_point_at_them():
     assert {p.name for p in SHIPPED} == {"sft.yaml", "grpo.yaml"}
     params = PostTrainingParams()
     sft, grpo = load_config(REPO / "configs/train/sft.yaml"), load_config(REPO / "configs/train/grpo.yaml")
-    defaults_sft = params.sft.model_dump(exclude={"enabled", "save_steps"})
-    assert sft.stage.model_dump(exclude={"save_steps"}) == defaults_sft
-    assert grpo.stage.model_dump(exclude={"save_steps"}) == params.grpo.model_dump(exclude={"save_steps"})
-    assert (sft.stage.checkpoint_every, grpo.stage.checkpoint_every) == (params.sft.checkpoint_every,
-                                                                       params.grpo.checkpoint_every)
+    assert sft.stage.model_dump() == params.sft.model_dump(exclude={"enabled"})
+    assert grpo.stage == params.grpo
     for cfg in (sft, grpo):
         assert (cfg.domains, cfg.world_size, cfg.seed) == (params.domains, params.world_size, params.seed)
     for k8s in (REPO / "configs" / "k8s").glob("*.yaml"):
@@ -41,20 +38,16 @@ def test_shipped_configs_are_the_flow_defaults_and_the_k8s_jobs_point_at_them():
             assert load_config(REPO / config).mode == command[command.index("workloads.train") + 1], k8s.name
 
 
-def test_flow_stage_settings_are_the_trainer_settings_with_the_old_effective_values():
-    """The demo trains exactly as before: these are the values the hand-built dict produced."""
+def test_flow_stage_settings_are_the_trainer_settings_unchanged():
+    """A stage's TrainConfig carries the form's stage settings as they are (their values: the models' defaults)."""
     from tasks.training import stage_config
 
     params = PostTrainingParams()
     sft = stage_config("sft", params, "/base", "pt-x", Path("/w"))
     grpo = stage_config("grpo", params, "/sft", "pt-x", Path("/w"))
     assert isinstance(sft.stage, SFTSettings) and not isinstance(sft.stage, SFTStage) and grpo.stage == params.grpo
-    old_sft = dict(max_steps=150, learning_rate=3e-3, per_device_batch_size=16, checkpoint_every=75, max_length=128,
-                   lr_scheduler_type="constant", warmup_steps=0, weight_decay=0.0, save_total_limit=2)
-    old_grpo = dict(max_steps=40, learning_rate=3e-4, per_device_batch_size=8, checkpoint_every=20, num_generations=4,
-                    beta=0.0, max_completion_length=4, temperature=0.8, lr_scheduler_type="constant", warmup_steps=0)
-    for cfg, old in ((sft, old_sft), (grpo, old_grpo)):
-        assert {k: getattr(cfg.stage, k) for k in old} == old
+    assert sft.stage.model_dump() == params.sft.model_dump(exclude={"enabled"}) == SFTSettings().model_dump()
+    for cfg in (sft, grpo):
         assert (cfg.world_size, cfg.deepspeed, cfg.seed, cfg.mlflow_experiment) == (2, True, 0, "post_training")
         assert cfg.output_dir == f"/w/{cfg.mode}" and cfg.run_name == f"pt-x-{cfg.mode}"
     written = TrainConfig.model_validate(yaml.safe_load(yaml.safe_dump(grpo.to_yaml_dict())))
@@ -185,9 +178,6 @@ def test_generation_switch_is_one_field_from_the_form_to_the_trainer():
         PostTrainingParams.model_validate({"grpo": {"generation": "vllm"}})
     with pytest.raises(ValidationError, match="vllm_server_url is set but generation is 'engine'"):
         GRPOSettings(generation="engine", vllm_server_url="http://v:8000")
-    vllm = GRPOSettings(generation="vllm", vllm_server_url="http://v:8000").trl_generation_kwargs()
-    assert vllm == {"use_vllm": True, "vllm_mode": "server", "vllm_server_base_url": "http://v:8000"}
-    assert GRPOSettings(generation="engine").trl_generation_kwargs() == {}  # the engine is the rollout_func
 
 
 def test_rollout_for_routes_generation_and_refuses_vllm_for_multi_step_domains():
