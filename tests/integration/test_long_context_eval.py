@@ -8,7 +8,6 @@ Oracles that answer correctly up to a length show a measured length and a candid
 import json
 
 import mlflow
-import pytest
 
 from infra.tracking.connection import configure
 from infra.tracking.runs import open_run

@@ -214,7 +214,7 @@ def test_every_format_renders_the_same_nodes_and_edges(of):
     for fmt, render in (("text", to_text), ("json", to_json), ("mermaid", to_mermaid), ("dot", to_dot)):
         assert graph_of(fmt, render(g)) == expected, fmt
     text = to_text(g)
-    assert f"source=/store/a.jsonl" in text and "git_commit=abc" in text and f"run_id={'S' * 32}" in text
+    assert "source=/store/a.jsonl" in text and "git_commit=abc" in text and f"run_id={'S' * 32}" in text
     if of == "run":  # the register run a run id names is drawn, downstream of the evals
         assert f"run run_{'R' * 32}: run register-x, register RRRRRRRR  run_id={'R' * 32}" in text
         assert (f"run_{'E' * 32}", f"run_{'R' * 32}") in expected[1]

@@ -25,7 +25,6 @@ NOT_TAGS = {
     ("temper/agent/trajectories.py", "temper.trajectory/1"): "the format id of a trajectory file",
     ("temper/training/run.py", "temper.train"): "a logger name",
     ("temper/cli.py", "temper.commands."): "the module of a CLI command group",
-    ("temper/verifiers/registry.py", "temper.verifiers.families"): "the package the verifier families live in",
     ("benchmarks/domains_at_scale.py", "temper.cli"): "a module run with python -m",
 }
 K8S_LABEL = "temper.dev/"  # Kubernetes label keys (infra/k8s/manifests.py), not MLflow tags
