@@ -28,7 +28,8 @@ def _start(argv: list[str], log: Path, env: dict[str, str]) -> subprocess.Popen:
     return subprocess.Popen(argv, stdout=log.open("ab"), stderr=subprocess.STDOUT, env=env, start_new_session=True)
 
 
-def _wait_healthy(url: str, proc: subprocess.Popen, log: Path, timeout_s: float = 180) -> None:
+def wait_healthy(url: str, proc: subprocess.Popen, log: Path, timeout_s: float = 180) -> None:
+    """Until ``url`` answers below 500; one line naming the log if the server exits or stays down."""
     # lazy: requests (70 ms) would load at every `temper` start-up
     import requests
 
@@ -97,9 +98,9 @@ def up(args: argparse.Namespace) -> int:
                              "--port", str(args.prefect_port)], logs / "prefect.log", env))
         if mlflow_argv:
             procs.append(_start(mlflow_argv, logs / "mlflow.log", env))
-        _wait_healthy(prefect_url + "/api/health", procs[0], logs / "prefect.log")
+        wait_healthy(prefect_url + "/api/health", procs[0], logs / "prefect.log")
         if mlflow_argv:
-            _wait_healthy(mlflow_url + "/health", procs[1], logs / "mlflow.log")
+            wait_healthy(mlflow_url + "/health", procs[1], logs / "mlflow.log")
         os.environ.update({"PREFECT_API_URL": prefect_url + "/api", "TEMPER_TRACKING_URI": mlflow_url,
                            "PREFECT_HOME": env["PREFECT_HOME"]})
         get_settings.cache_clear()

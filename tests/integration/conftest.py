@@ -10,12 +10,12 @@ import socket
 import sqlite3
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
-import requests
 
+from temper.commands.up import wait_healthy
+from temper.core.errors import TemperError
 from temper.core.tag_names import TAG_STAGE
 
 BIN = Path(sys.executable).parent
@@ -28,18 +28,12 @@ def free_port() -> int:
 
 
 def _wait_http(url: str, proc: subprocess.Popen, timeout: float, log: Path) -> None:
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"server exited with {proc.returncode}: {log.read_text()[-2000:]}")
-        try:
-            if requests.get(url, timeout=2).status_code < 500:
-                return
-        except requests.RequestException:
-            pass
-        time.sleep(0.3)
-    proc.kill()
-    raise RuntimeError(f"{url} not healthy after {timeout}s: {log.read_text()[-2000:]}")
+    """`temper up`'s wait, with the server's last log lines in the failure and the server killed."""
+    try:
+        wait_healthy(url, proc, log, timeout)
+    except TemperError as e:
+        proc.kill()
+        raise RuntimeError(f"{e}: {log.read_text()[-2000:]}") from None
 
 
 def stop_process(proc: subprocess.Popen, grace_s: float = 15) -> None:

@@ -62,31 +62,60 @@ def test_the_allow_list_names_only_literals_that_exist():
     assert not stale
 
 
+# constant  wire name: the strings records are written under
+WIRE_NAMES = """
+PREFIX                        temper.
+TAG_KIND                      temper.kind
+TAG_STAGE                     temper.stage
+TAG_GIT                       temper.git_commit
+TAG_CONFIG_HASH               temper.config_hash
+TAG_BASE_MODEL                temper.base_model
+TAG_RECORD                    temper.record
+TAG_FLOW_RUN                  temper.prefect_flow_run
+TAG_FAILED_STAGE              temper.failed_stage
+TAG_DATA_VALIDATION           temper.data.validation
+TAG_DOMAIN                    temper.domain
+TAG_EVAL_LABEL                temper.eval.label
+TAG_CONTEXT_CURVE             temper.eval.context_curve
+TAG_EFFECTIVE_CONTEXT         temper.eval.effective_context
+TAG_MODEL_VERSION             temper.model_version
+TAG_COMPARE_MODEL             temper.model
+TAG_COMPARE_A                 temper.compare.a
+TAG_COMPARE_B                 temper.compare.b
+TAG_CALIBRATION_STATUS        temper.calibration.status
+TAG_CALIBRATION_REASON        temper.calibration.reason
+TAG_RUBRIC                    temper.rubric_digest
+TAG_JUDGE                     temper.judge
+TAG_LABELS                    temper.labels_sha256
+TAG_LIFECYCLE_RUN             temper.lifecycle_run
+TAG_FORMAT                    temper.format
+TAG_GATE_PASSED               temper.gate.passed
+TAG_GATE_REASON               temper.gate.reason
+TAG_GATE_DELTAS               temper.gate.deltas
+TAG_CANDIDATE_REASON          temper.candidate_reason
+EVAL_PREFIX                   temper.eval.
+EVAL_TAG                      temper.eval.{domain}.{metric}
+VERSION_AUDIT_TAG             temper.audit.{alias}
+AUDIT_TAG                     temper.audit.{alias}.{seq:06d}
+TAG_SERVING_PROFILE           temper.serving.profile
+TAG_SERVING_DRAFT             temper.serving.draft
+TAG_SERVING_STANDARD_VERSION  temper.serving.standard_version
+PARITY_TAG                    temper.parity.{field}
+TAG_LOCK_OWNER                temper.lock.owner
+TAG_LOCK_SINCE                temper.lock.since
+TAG_SHA256                    temper.sha256
+DATA_CONTEXT                  mlflow.data.context
+CONTEXT_TRAINING              training
+CONTEXT_EVALUATION            evaluation
+CONTEXT_VALIDATION            validation
+CONTEXT_CALIBRATION           calibration
+PARENT_TAG                    mlflow.parentRunId
+RUN_NAME_TAG                  mlflow.runName
+"""
+
+
 def test_the_tag_names_on_the_wire():
     """The strings themselves: records already written are found again only under these names, so a rename
     here must be deliberate (and migrate the stores)."""
-    assert {k: v for k, v in vars(tag_names).items() if k.isupper()} == {
-        "PREFIX": "temper.",
-        "TAG_KIND": "temper.kind", "TAG_STAGE": "temper.stage", "TAG_GIT": "temper.git_commit",
-        "TAG_CONFIG_HASH": "temper.config_hash", "TAG_BASE_MODEL": "temper.base_model",
-        "TAG_RECORD": "temper.record", "TAG_FLOW_RUN": "temper.prefect_flow_run",
-        "TAG_FAILED_STAGE": "temper.failed_stage", "TAG_DATA_VALIDATION": "temper.data.validation",
-        "TAG_DOMAIN": "temper.domain", "TAG_EVAL_LABEL": "temper.eval.label",
-        "TAG_CONTEXT_CURVE": "temper.eval.context_curve", "TAG_EFFECTIVE_CONTEXT": "temper.eval.effective_context",
-        "TAG_MODEL_VERSION": "temper.model_version", "TAG_COMPARE_MODEL": "temper.model",
-        "TAG_COMPARE_A": "temper.compare.a", "TAG_COMPARE_B": "temper.compare.b",
-        "TAG_CALIBRATION_STATUS": "temper.calibration.status", "TAG_CALIBRATION_REASON": "temper.calibration.reason",
-        "TAG_RUBRIC": "temper.rubric_digest", "TAG_JUDGE": "temper.judge", "TAG_LABELS": "temper.labels_sha256",
-        "TAG_LIFECYCLE_RUN": "temper.lifecycle_run", "TAG_FORMAT": "temper.format",
-        "TAG_GATE_PASSED": "temper.gate.passed", "TAG_GATE_REASON": "temper.gate.reason",
-        "TAG_GATE_DELTAS": "temper.gate.deltas", "TAG_CANDIDATE_REASON": "temper.candidate_reason",
-        "EVAL_PREFIX": "temper.eval.", "EVAL_TAG": "temper.eval.{domain}.{metric}",
-        "VERSION_AUDIT_TAG": "temper.audit.{alias}", "AUDIT_TAG": "temper.audit.{alias}.{seq:06d}",
-        "TAG_SERVING_PROFILE": "temper.serving.profile", "TAG_SERVING_DRAFT": "temper.serving.draft",
-        "TAG_SERVING_STANDARD_VERSION": "temper.serving.standard_version", "PARITY_TAG": "temper.parity.{field}",
-        "TAG_LOCK_OWNER": "temper.lock.owner", "TAG_LOCK_SINCE": "temper.lock.since",
-        "TAG_SHA256": "temper.sha256", "DATA_CONTEXT": "mlflow.data.context",
-        "CONTEXT_TRAINING": "training", "CONTEXT_EVALUATION": "evaluation", "CONTEXT_VALIDATION": "validation",
-        "CONTEXT_CALIBRATION": "calibration",
-        "PARENT_TAG": "mlflow.parentRunId", "RUN_NAME_TAG": "mlflow.runName",
-    }
+    wire = dict(line.split() for line in WIRE_NAMES.strip().splitlines())
+    assert {k: v for k, v in vars(tag_names).items() if k.isupper()} == wire
