@@ -452,7 +452,8 @@ def test_an_image_that_cannot_be_pulled_fails_the_first_training_task_and_leaves
 @pytest.mark.parametrize("options, words", [
     (dict(namespace="missing"), "namespace 'missing': not found"),
     (dict(service_account="nobody"), "service account temper/nobody: not found"),
-    (dict(train_resources={"cpu": "64", "memory": "1Gi", "shm_size": "64Mi"}), "Unschedulable"),
+    # refused for 3 s is enough here (the fixture's 15 s is for pods that do fit, waiting for a busy node)
+    (dict(train_resources={"cpu": "64", "memory": "1Gi", "shm_size": "64Mi"}, unschedulable_after_s=3), "Unschedulable"),
 ])
 def test_bad_cluster_input_is_one_line_and_leaves_nothing(on_cluster, options, words, tmp_path):
     """The first task that needs the cluster, run as the flow runs it (its execution backend)."""

@@ -214,6 +214,9 @@ def test_a_job_left_running_by_a_dead_caller_is_stopped_before_its_next_attempt(
         claim.write_text(f"{orphan.pid} 1")  # same pid, another start time: not the job's process
         assert stop_leftover(claim, on_line=lambda _: None) is False and orphan.poll() is None
         claim.write_text(f"{orphan.pid} {_start_ticks(orphan.pid)}")
+        # a dead caller's job is reaped by init the moment it dies; this one is our child, so reap it
+        # here (an unreaped zombie still holds its process group: stop_leftover would wait its grace out)
+        threading.Thread(target=orphan.wait, daemon=True).start()
         lines: list[str] = []
         assert stop_leftover(claim, on_line=lines.append) is True
         assert orphan.wait(5) is not None and not claim.exists()

@@ -26,19 +26,28 @@ def pool():
 
 
 def live_sandbox_processes(marker: str = "") -> list[str]:
-    """Non-zombie host processes of the sandbox uid (optionally whose cmdline contains marker)."""
-    found = []
+    """Non-zombie processes of the sandbox uid that descend from this test process (optionally whose
+    cmdline contains marker): another test process running sandboxes at the same time is not counted."""
+    parent, state, cmdline = {}, {}, {}
     for pid in filter(str.isdigit, os.listdir("/proc")):
         try:
-            if os.stat(f"/proc/{pid}").st_uid != SANDBOX_UID:
-                continue
-            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-            cmd = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+            stat = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+            parent[pid], state[pid] = stat[1], stat[0]
+            if os.stat(f"/proc/{pid}").st_uid == SANDBOX_UID:
+                cmdline[pid] = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
         except (FileNotFoundError, ProcessLookupError):
             continue
-        if state != "Z" and marker in cmd:
-            found.append(f"{pid} {cmd}")
-    return found
+    me = str(os.getpid())
+
+    def descends_from_me(pid: str) -> bool:
+        while pid in parent and pid not in ("0", "1"):
+            pid = parent[pid]
+            if pid == me:
+                return True
+        return False
+
+    return [f"{pid} {cmd}" for pid, cmd in cmdline.items()
+            if state[pid] != "Z" and marker in cmd and descends_from_me(pid)]
 
 
 def run(pool, code, limits=LIMITS):
@@ -63,6 +72,7 @@ def settles_back_to(count: int, timeout: float = 2.0) -> bool:
 def test_fork_bomb_is_contained(pool):
     time.sleep(0.3)  # let the idle boxes' interpreters finish starting
     idle = len(live_sandbox_processes())
+    assert idle > 0, "the idle boxes' interpreters are seen (else the count below proves nothing)"
     r = run(pool, "import os\nwhile True:\n    try:\n        os.fork()\n    except OSError:\n        pass\n")
     assert r.verdict in ("timeout", "cpu_limit")
     assert settles_back_to(idle), live_sandbox_processes()

@@ -10,9 +10,11 @@ import pytest
 from infra.jobspec import NAME_MAX, JobSpec, job_name
 
 DNS_1123 = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
-CASES = [("grpo", "pt-1a2b3c4d-grpo"), ("sft", "pt-local-sft"), ("eval-base", uuid.uuid4().hex),
-         ("eval-candidate", uuid.uuid4().hex), ("grpo", "my_run"), ("GRPO", "Run.With Spaces"),
-         ("sft", "x" * 200), ("eval-base", str(uuid.uuid4())), ("grpo", "-"), ("grpo", "")]
+# fixed ids (uuid5, not uuid4): every test process must collect the same test names (pytest-xdist)
+RUN_IDS = [uuid.uuid5(uuid.NAMESPACE_DNS, f"run-{i}") for i in range(3)]
+CASES = [("grpo", "pt-1a2b3c4d-grpo"), ("sft", "pt-local-sft"), ("eval-base", RUN_IDS[0].hex),
+         ("eval-candidate", RUN_IDS[1].hex), ("grpo", "my_run"), ("GRPO", "Run.With Spaces"),
+         ("sft", "x" * 200), ("eval-base", str(RUN_IDS[2])), ("grpo", "-"), ("grpo", "")]
 
 
 @pytest.mark.parametrize("max_len", [NAME_MAX, 44])
