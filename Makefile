@@ -32,8 +32,10 @@ demo: $(STAMP)
 CONTAINER_TESTS := tests/integration/containers tests/integration/test_worker_image.py
 
 # Two workers (pytest-xdist), a test file each at a time: a file's module fixtures (its servers, its
-# trained runs) stay in one process. Most slow tests wait on processes, servers and sandboxes part of
-# the time, so two workers keep 2 cores busy (~1.6x faster than one). TEST_WORKERS=0 runs in-process.
+# trained runs) stay in one process. Slow tests wait on processes, servers and sandboxes part of the
+# time, so two workers keep 2 cores busier: measured on 2 cores, 22:10 in one process, 17:19 on two
+# (1.28x); three gave 15:55 and 17:55 (the suite needs ~31 CPU-minutes: ~15.5 min is the floor on 2
+# cores). TEST_WORKERS=0 runs in-process.
 TEST_WORKERS ?= 2
 
 test: $(STAMP) system-deps

@@ -217,17 +217,24 @@ def test_seccomp_denies_kernel_interfaces_but_not_processes_or_threads(pool, pat
 
 
 MANY_MODEST_PROCESSES = """
-import os, time
+import os
+ready_r, ready_w = os.pipe()
+go_r, go_w = os.pipe()
 kids = []
 for _ in range(8):  # 8 x 300 MB: each under the 1536 MB RLIMIT_AS, together over the box's budget
     pid = os.fork()
     if pid == 0:
+        os.close(ready_r); os.close(go_w)
         block = bytearray(300 * 2**20)
         for i in range(0, len(block), 4096):
             block[i] = 1
-        time.sleep(1)
+        os.close(ready_w)  # this child holds its 300 MB now
+        os.read(go_r, 1)  # ...until every child holds or died: all are resident at once, whatever the load
         os._exit(0)
     kids.append(pid)
+os.close(ready_w); os.close(go_r)
+os.read(ready_r, 1)  # EOF once every child has closed its end: allocated, or killed
+os.close(go_w)
 print(sorted(os.waitpid(k, 0)[1] for k in kids))
 """
 
