@@ -17,6 +17,7 @@ class StandardDecoder:
     """All samples of a request decode together: one forward per step over ``len(active)`` rows."""
 
     needs_prefill = True
+    mixes = True  # decode rows join the mixed forward (mixed.py)
     supports_logprobs = True
 
     def __init__(self, engine: DecoderHost) -> None:
