@@ -98,7 +98,8 @@ class Engine:
         # decode steps from a static KV slot pool, as CUDA graphs on a GPU (slots.py): the mixed path's decode rows
         # launch attention per request, which on a GPU costs more than the step's arithmetic
         self.slot_decoder: SlotDecoder | None = None
-        if self.mixed and (config.slot_decode == "on" or config.slot_decode == "auto" and self.device.type == "cuda"):
+        if self.mixed and self.decoder.slot_decode and (
+                config.slot_decode == "on" or config.slot_decode == "auto" and self.device.type == "cuda"):
             self.slot_decoder = SlotDecoder(self.model, config.decode_slots,
                                             min(config.decode_slot_tokens, self.context), graphs=self.device.type == "cuda")
         # lanes with own_process: served by an engine process over model_dir's weights (lane_process.py), so only
@@ -362,8 +363,7 @@ class Engine:
             if isinstance(req.cache, SlotCache):  # decodes from the slot pool (slots.py), outside the mixed forward
                 slotted.append(req)
             elif kind == "decode":
-                segments.append(Segment(req.cache, [[req.samples[i].token_ids[-1]] for i in req.active],
-                                        req.cache.get_seq_length()))
+                segments.append(self.decoder.segment(req))
             else:
                 if req.cache is None:
                     self._start_prefill(req)

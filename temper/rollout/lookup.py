@@ -16,7 +16,9 @@ draw the bonus token from p; every emitted token is then distributed as the targ
 Log-probabilities come from the verify forward's logits, as the standard profile's from its own.
 
 What it shares with the standard profile: admission, lanes, chunked prefill and the prefix cache (prefill
-is the engine's, ``needs_prefill``), the first token, stop handling. Requests with ``n > 1`` rows (a GRPO
+is the engine's, ``needs_prefill``), the first token, stop handling, and mixed batches: a request's verify
+rides in the one forward of every running request as a segment of 1 + k tokens (``mixed.py``), so 8
+requests cost one forward, not 8 (the scheduler's token budget counts their decode rows, not the drafts). Requests with ``n > 1`` rows (a GRPO
 group) decode as the standard profile does: the rows would accept different lengths but share one cache
 length. ``k`` adapts per request (transformers' assisted-generation heuristic): +2 after a step that
 accepted every draft, -1 after one that did not, so a request whose drafts fail proposes 1 token and pays
@@ -31,6 +33,7 @@ import torch
 from temper.rollout.config import SpeculativeConfig
 from temper.rollout.decoding import SamplingParams, scaled_logits
 from temper.rollout.kv_cache import crop_cache, kv_of
+from temper.rollout.mixed import Segment
 from temper.rollout.requests import DecoderHost, EngineRequest
 from temper.rollout.standard import StandardDecoder
 
@@ -88,9 +91,13 @@ def verify(logits: torch.Tensor, draft: list[int], params: SamplingParams,
 
 
 class LookupDecoder(StandardDecoder):
-    """Prompt-lookup speculative decoding for one-row requests; the standard profile's step for groups."""
+    """Prompt-lookup speculative decoding for one-row requests; the standard profile's step for groups.
 
-    mixes = False  # a step is one request's verify forward of 1 + k tokens (see the module docstring)
+    In mixed batches (the engine's default) a request's ``[last, *drafts]`` is its segment of the one forward
+    every running request shares, with logits at every position (``mixed.py``); otherwise ``step`` runs
+    the request's own forward. Either way ``_settle`` verifies, emits and crops."""
+
+    slot_decode = False  # the slot pool's static forward decodes one token per row
 
     def __init__(self, engine: DecoderHost, spec: SpeculativeConfig) -> None:
         super().__init__(engine)
@@ -101,24 +108,47 @@ class LookupDecoder(StandardDecoder):
         req.extra["k"] = self.spec.num_assistant_tokens
         super().begin(req, logits)
 
+    def _propose(self, req: EngineRequest) -> list[int]:
+        p, sample = req.params, req.samples[req.active[0]]
+        seq = req.prompt + sample.token_ids
+        # drafts past the token budget or the context could never be emitted
+        room = min(p.max_tokens - len(sample.token_ids), self.engine.context - len(seq)) - 1
+        return propose(seq, min(req.extra["k"], room), self.spec.max_ngram)
+
+    def segment(self, req: EngineRequest) -> Segment:
+        if len(req.active) != 1:
+            req.extra["draft"] = None
+            return super().segment(req)
+        draft = req.extra["draft"] = self._propose(req)
+        last = req.samples[req.active[0]].token_ids[-1]
+        return Segment(req.cache, [[last, *draft]], req.cache.get_seq_length(), every_position=True)
+
+    def advance(self, req: EngineRequest, logits: torch.Tensor) -> None:
+        draft = req.extra.pop("draft", None)
+        if draft is None:
+            return super().advance(req, logits)
+        self._settle(req, logits, draft)
+
     @torch.no_grad()
     def step(self, req: EngineRequest) -> None:
         if len(req.active) != 1:
             return super().step(req)
-        e, p = self.engine, req.params
-        index = req.active[0]
-        sample = req.samples[index]
-        seq = req.prompt + sample.token_ids
-        # drafts past the token budget or the context could never be emitted
-        room = min(p.max_tokens - len(sample.token_ids), e.context - len(seq)) - 1
-        k = min(req.extra["k"], room)
-        draft = propose(seq, k, self.spec.max_ngram)
-        start = req.cache.get_seq_length()  # the cache holds seq but its last token
-        ids = torch.tensor([[seq[-1], *draft]], device=e.device)
-        pos = torch.arange(start, start + len(ids[0]), device=e.device).unsqueeze(0)
+        e = self.engine
+        draft = self._propose(req)
+        start = req.cache.get_seq_length()  # the cache holds the sequence but its last token
+        ids = torch.tensor([[req.samples[req.active[0]].token_ids[-1], *draft]], device=e.device)
+        pos = torch.arange(start, start + ids.shape[1], device=e.device).unsqueeze(0)
         out = e.model(input_ids=ids, cache=req.cache, position_ids=pos, use_cache=True)
-        tokens, logprobs, accepted = verify(out.logits[0], draft, p, req.generator)
-        e._log(req, "decode", 1, f"lookup {accepted}/{len(draft)}")
+        e._log(req, "decode", 1, f"lookup {len(draft)} drafts")
+        self._settle(req, out.logits[0], draft)
+
+    def _settle(self, req: EngineRequest, logits: torch.Tensor, draft: list[int]) -> None:
+        """Verify ``draft`` against the target's ``logits`` [1 + len(draft), vocab] (the forward has appended
+        ``[last, *draft]`` to the cache), emit, cut the rejected tail out of the cache, adapt k."""
+        e, index = self.engine, req.active[0]
+        sample = req.samples[index]
+        start = req.cache.get_seq_length() - 1 - len(draft)
+        tokens, logprobs, accepted = verify(logits, draft, req.params, req.generator)
         emitted = 0
         for i, tok in enumerate(tokens):
             e.accept(req, index, [tok], None if logprobs is None else [logprobs[i]])
@@ -130,8 +160,8 @@ class LookupDecoder(StandardDecoder):
         s["steps"], s["proposed"], s["accepted"], s["emitted"] = (
             s["steps"] + 1, s["proposed"] + len(draft), s["accepted"] + accepted, s["emitted"] + emitted)
         if draft:
-            full = accepted == len(draft)
-            req.extra["k"] = min(self.spec.max_draft_tokens, k + 2) if full else max(1, req.extra["k"] - 1)
+            k = req.extra["k"]
+            req.extra["k"] = min(self.spec.max_draft_tokens, k + 2) if accepted == len(draft) else max(1, k - 1)
         if sample.finished:
             e.cache_completion(req, index, kv_of(req.cache, 0))
             req.active = []

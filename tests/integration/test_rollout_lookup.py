@@ -41,7 +41,18 @@ def engines(tmp_path_factory):
     standard = Engine(EngineConfig(model_dir=target, lanes=LANES))
     fast = Engine(EngineConfig(model_dir=target, lanes=LANES, profile="fast"), model=standard.model,
                   tokenizer=standard.tokenizer)
+    assert fast.mixed  # verifies ride in the engine's one forward per step (mixed.py)
     return standard, fast
+
+
+@pytest.fixture(scope="module")
+def per_request(engines):
+    """The fast profile without mixed batches: each request's verify is a forward of its own."""
+    standard, _ = engines
+    engine = Engine(EngineConfig(model_dir=standard.config.model_dir, lanes=LANES, profile="fast", mixed_batches=False),
+                    model=standard.model, tokenizer=standard.tokenizer)
+    assert not engine.mixed
+    return engine
 
 
 def test_greedy_output_equals_the_standard_profile_on_every_catalog_domain(engines):
@@ -56,6 +67,16 @@ def test_greedy_output_equals_the_standard_profile_on_every_catalog_domain(engin
     stats = {k: v - before[k] for k, v in fast.decoder.stats.items()}
     # drafts were proposed and accepted: fewer target forwards than tokens (the random model loops, so it copies)
     assert stats["accepted"] > 0 and stats["steps"] < stats["emitted"], stats
+
+
+def test_per_request_verify_forwards_give_the_same_output(engines, per_request):
+    standard, _ = engines
+    prompts = catalog_prompts(rows=1)
+    for domain in ("invoice_extraction", "long_tool_history", "python_functions", "file_tasks"):
+        want, got = standard.generate(prompts[domain], GREEDY), per_request.generate(prompts[domain], GREEDY)
+        assert got[0].samples[0].token_ids == want[0].samples[0].token_ids, domain
+    assert per_request.decoder.stats["accepted"] > 0
+    assert any(e.kind == "decode" and e.detail.startswith("lookup") for e in per_request.step_log)
 
 
 def test_logprobs_equal_the_standard_profiles_within_1e_4(engines):
@@ -96,7 +117,6 @@ def test_a_long_prompt_is_chunk_prefilled_then_reused_from_the_prefix_cache_with
     (a,) = fast.generate([text], GREEDY)
     chunks = [e for e in fast.step_log if e.step > first_step and e.kind == "prefill"]
     assert len(chunks) >= 3 and all(e.tokens <= LANES[0].prefill_chunk_tokens for e in chunks)
-    assert any(e.kind == "decode" and e.detail.startswith("lookup") for e in fast.step_log)
     (b,) = fast.generate([text], GREEDY)
     assert b.cached_tokens >= n - 1 and b.samples[0].token_ids == a.samples[0].token_ids
     assert a.samples[0].token_ids == standard.generate([text], GREEDY)[0].samples[0].token_ids
