@@ -33,7 +33,7 @@ import torch
 
 from temper.data.catalog import load_domain
 from temper.data.generators import generate
-from temper.rollout.config import EngineConfig, LaneConfig
+from temper.rollout.config import EngineConfig, LaneConfig, SpeculativeConfig
 from temper.rollout.decoding import SamplingParams
 from temper.rollout.engine import Engine
 from temper.training.tiny import init_tiny
@@ -103,14 +103,15 @@ def run(args) -> str:
     with tempfile.TemporaryDirectory() as tmp:
         for label, folder in model_dirs(args.models.split(","), Path(tmp)).items():
             standard = Engine(EngineConfig(model_dir=folder, lanes=LANES))
-            fast = Engine(EngineConfig(model_dir=folder, lanes=LANES, profile="fast"), model=standard.model,
-                          tokenizer=standard.tokenizer)
+            spec = SpeculativeConfig(max_draft_tokens=args.max_draft, num_assistant_tokens=min(5, args.max_draft))
+            fast = Engine(EngineConfig(model_dir=folder, lanes=LANES, profile="fast", speculative=spec),
+                          model=standard.model, tokenizer=standard.tokenizer)
             chat = label.startswith("SmolLM2")
             params = SamplingParams(max_tokens=args.max_tokens, temperature=0)
             lines += [f"\n## {label}\n", "| family | batch | prompt tokens (median) | standard tok/s | fast tok/s | "
                       "speed-up median [min, max] | TTFT fast / standard | acceptance | tokens per forward | "
                       "identical |", "|---|---|---|---|---|---|---|---|---|---|"]
-            for family in FAMILIES:
+            for family in args.families.split(","):
                 texts = family_prompts(family, 8)
                 prompts = [encode(standard, t, chat) for t in texts]
                 prompts = [p[-(standard.context - args.max_tokens - 1):] for p in prompts]
@@ -150,6 +151,9 @@ def main() -> None:
     p.add_argument("--max-tokens", type=int, default=64)
     p.add_argument("--batch1-prompts", type=int, default=3)
     p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--max-draft", type=int, default=SpeculativeConfig().max_draft_tokens,
+                   help="the fast profile's max_draft_tokens")
+    p.add_argument("--families", default=",".join(FAMILIES), help="comma-separated subset of the families")
     p.add_argument("--out", default=None)
     args = p.parse_args()
     load = os.getloadavg()
@@ -160,6 +164,7 @@ def main() -> None:
             f"Command: `benchmarks/fast_profile.py {' '.join(sys.argv[1:])}` at commit {commit}  \n"
             f"Load average at start: {load[0]:.1f} / {load[1]:.1f} / {load[2]:.1f} on {os.cpu_count()} cores; "
             f"{args.threads} torch threads; greedy, {args.max_tokens} new tokens; {args.repeats} repeats; "
+            f"max_draft_tokens {args.max_draft}; "
             f"took {time.perf_counter() - t:.0f} s\n\n"
             "speed-up = fast / standard output tokens/s in the same repeat; acceptance = accepted / proposed draft "
             "tokens; tokens per forward = tokens emitted per target forward of the fast profile's decode steps; "

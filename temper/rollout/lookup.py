@@ -21,8 +21,9 @@ rides in the one forward of every running request as a segment of 1 + k tokens (
 requests cost one forward, not 8 (the scheduler's token budget counts their decode rows, not the drafts). Requests with ``n > 1`` rows (a GRPO
 group) decode as the standard profile does: the rows would accept different lengths but share one cache
 length. ``k`` adapts per request (transformers' assisted-generation heuristic): +2 after a step that
-accepted every draft, -1 after one that did not, so a request whose drafts fail proposes 1 token and pays
-one extra position per forward.
+accepted every draft, -1 after one that did not; a step that accepted none also skips drafting for the next
+1, 2, 4 .. 16 steps (reset by any acceptance), so a request whose drafts fail decodes almost as standard:
+a verified position that is rejected costs compute, which at batch 8 on a CPU is not free.
 """
 
 from __future__ import annotations
@@ -113,13 +114,19 @@ class LookupDecoder(StandardDecoder):
         seq = req.prompt + sample.token_ids
         # drafts past the token budget or the context could never be emitted
         room = min(p.max_tokens - len(sample.token_ids), self.engine.context - len(seq)) - 1
+        if req.extra.get("skip", 0) > 0:  # drafts failed outright lately: plain steps for a while
+            req.extra["skip"] -= 1
+            return []
         return propose(seq, min(req.extra["k"], room), self.spec.max_ngram)
 
     def segment(self, req: EngineRequest) -> Segment:
         if len(req.active) != 1:
             req.extra["draft"] = None
             return super().segment(req)
-        draft = req.extra["draft"] = self._propose(req)
+        draft = req.extra["draft"] = self._propose(req) or None
+        if draft is None:  # nothing to verify: exactly the standard profile's decode row
+            self._plain_step()
+            return super().segment(req)
         last = req.samples[req.active[0]].token_ids[-1]
         return Segment(req.cache, [[last, *draft]], req.cache.get_seq_length(), every_position=True)
 
@@ -135,12 +142,19 @@ class LookupDecoder(StandardDecoder):
             return super().step(req)
         e = self.engine
         draft = self._propose(req)
+        if not draft:
+            self._plain_step()
+            return super().step(req)
         start = req.cache.get_seq_length()  # the cache holds the sequence but its last token
         ids = torch.tensor([[req.samples[req.active[0]].token_ids[-1], *draft]], device=e.device)
         pos = torch.arange(start, start + ids.shape[1], device=e.device).unsqueeze(0)
         out = e.model(input_ids=ids, cache=req.cache, position_ids=pos, use_cache=True)
         e._log(req, "decode", 1, f"lookup {len(draft)} drafts")
         self._settle(req, out.logits[0], draft)
+
+    def _plain_step(self) -> None:
+        self.stats["steps"] += 1
+        self.stats["emitted"] += 1  # a standard step: one token for the one row
 
     def _settle(self, req: EngineRequest, logits: torch.Tensor, draft: list[int]) -> None:
         """Verify ``draft`` against the target's ``logits`` [1 + len(draft), vocab] (the forward has appended
@@ -155,13 +169,19 @@ class LookupDecoder(StandardDecoder):
             emitted += 1
             if sample.finished:
                 break
-        crop_cache(req.cache, start + emitted)  # [last, accepted drafts]; the newest token is fed next step
+        if emitted < 1 + len(draft):  # the cache keeps [last, accepted drafts]; the newest token is fed next step
+            crop_cache(req.cache, start + emitted)
         s = self.stats
         s["steps"], s["proposed"], s["accepted"], s["emitted"] = (
             s["steps"] + 1, s["proposed"] + len(draft), s["accepted"] + accepted, s["emitted"] + emitted)
         if draft:
-            k = req.extra["k"]
-            req.extra["k"] = min(self.spec.max_draft_tokens, k + 2) if accepted == len(draft) else max(1, k - 1)
+            x, k = req.extra, req.extra["k"]
+            x["k"] = min(self.spec.max_draft_tokens, k + 2) if accepted == len(draft) else max(1, k - 1)
+            if accepted:
+                x["backoff"] = 1
+            else:  # not one token right: skip the next 1, 2, 4 .. 16 steps' drafts (an unaccepted one costs)
+                x["skip"] = x.get("backoff", 1)
+                x["backoff"] = min(16, 2 * x["skip"])
         if sample.finished:
             e.cache_completion(req, index, kv_of(req.cache, 0))
             req.active = []
