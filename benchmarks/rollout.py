@@ -221,8 +221,8 @@ def bench_fast(root: Path, prompts: list[str], max_tokens: int, hidden: int, lay
     layer_draft = derive_layer_draft(target, root / "fast-draft", keep_layers=max(1, layers // 4))
     lanes = [LaneConfig(name="all", max_prompt_tokens=1024)]
     standard = Engine(EngineConfig(model_dir=target, lanes=lanes))
-    drafts = {f"first {max(1, layers // 4)} of {layers} layers": SpeculativeConfig(draft_dir=layer_draft),
-              "int8 copy of the target": SpeculativeConfig(quantize_draft=True)}
+    drafts = {f"first {max(1, layers // 4)} of {layers} layers": SpeculativeConfig(method="draft_model", draft_dir=layer_draft),
+              "int8 copy of the target": SpeculativeConfig(method="draft_model", quantize_draft=True)}
     for name, spec in drafts.items():
         spec = spec.model_copy(update={"tokens_per_turn": max_tokens, "num_assistant_tokens": 5})
         fast = Engine(EngineConfig(model_dir=target, lanes=lanes, profile="fast", speculative=spec),

@@ -29,12 +29,12 @@ def run(args) -> int:
                               f"downloaded here")
     try:
         spec = None
+        if args.draft is not None and args.profile != "fast":
+            raise TemperError("serve: --draft is for --profile fast")
         if args.profile == "fast":
-            if args.draft is None:
-                raise TemperError("serve: --profile fast needs --draft DIR (or --draft int8 for an int8 copy of the "
-                                  "target)")
-            spec = (SpeculativeConfig(quantize_draft=True) if args.draft == "int8"
-                    else SpeculativeConfig(draft_dir=args.draft))
+            spec = (SpeculativeConfig() if args.draft is None
+                    else SpeculativeConfig(method="draft_model", quantize_draft=True) if args.draft == "int8"
+                    else SpeculativeConfig(method="draft_model", draft_dir=args.draft))
         config = EngineConfig(model_dir=args.model, served_model_name=args.served_model_name, profile=args.profile,
                               speculative=spec,
                               prefix_cache=PrefixCacheConfig(enabled=args.cache_mb > 0,
@@ -65,8 +65,10 @@ def register(subparsers) -> None:
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8000)
     p.add_argument("--profile", choices=["standard", "fast"], default="standard",
-                   help="fast = speculative decoding with --draft (must pass the parity gate before use)")
-    p.add_argument("--draft", default=None, metavar="DIR|int8", help="draft model folder, or 'int8'")
+                   help="fast = speculative decoding: prompt lookup, or a --draft model (must pass the parity gate "
+                        "before use)")
+    p.add_argument("--draft", default=None, metavar="DIR|int8", help="fast profile's draft model folder, or 'int8' (default: "
+                   "prompt lookup, no draft model)")
     p.add_argument("--served-model-name", default="temper", help="the `model` name clients send")
     p.add_argument("--cache-mb", type=float, default=256, help="prefix KV cache budget in MiB (0 = off)")
     p.add_argument("--max-context", type=int, default=None, help="context limit (default: the model's)")

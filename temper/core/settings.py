@@ -48,8 +48,10 @@ class RolloutSettings(BaseModel):
     api_key: str = Field(default="EMPTY", description="Bearer token; vLLM --api-key, ignored by the embedded server.")
     model_dir: Path | None = Field(default=None, description="Embedded backend: model folder to load.")
     profile: Literal["standard", "fast"] = Field(
-        default="standard", description="Embedded backend: 'fast' = speculative decoding with draft_dir.")
-    draft_dir: Path | None = Field(default=None, description="Embedded fast profile: the draft model folder.")
+        default="standard", description="Embedded backend: 'fast' = speculative decoding (prompt lookup, or "
+                                        "the draft model in draft_dir).")
+    draft_dir: Path | None = Field(default=None, description="Embedded fast profile: a draft model folder (None: prompt "
+                                   "lookup).")
     timeout_s: float = Field(default=600.0, gt=0, description="Per-request HTTP timeout.")
     max_retries: int = Field(default=4, ge=0, description="openai client retries (429s back off and retry).")
     concurrency: int = Field(default=8, ge=1, description="Requests the client keeps in flight.")
@@ -60,8 +62,6 @@ class RolloutSettings(BaseModel):
             raise ValueError("backend 'vllm' needs base_url (e.g. http://vllm.temper.svc:8000/v1)")
         if self.backend != "vllm" and not self.base_url and self.model_dir is None:
             raise ValueError("backend 'embedded' needs model_dir (or base_url of a running `temper serve`)")
-        if self.profile == "fast" and self.backend != "vllm" and not self.base_url and self.draft_dir is None:
-            raise ValueError("profile 'fast' needs draft_dir")
         return self
 
     @classmethod

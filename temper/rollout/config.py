@@ -67,26 +67,39 @@ class PrefixCacheConfig(BaseModel):
 
 
 class SpeculativeConfig(BaseModel):
-    """The fast profile: transformers assisted generation with a small draft model."""
+    """The fast profile: prompt lookup in the engine's own decode loop (``lookup.py``, no second model), or
+    transformers assisted generation with a small draft model (``fast.py``)."""
 
     model_config = ConfigDict(extra="forbid")
 
+    method: Literal["prompt_lookup", "draft_model"] = Field(
+        default="prompt_lookup",
+        description="prompt_lookup: drafts are n-gram matches in the prompt and the text so far, verified on the "
+                    "engine's KV cache (prefix cache, chunked prefill and lanes as standard); draft_model: "
+                    "transformers assisted generation with draft_dir or an int8 copy (re-encodes every turn).")
     draft_dir: Path | None = Field(
-        default=None, description="HF folder of the draft model (same tokenizer as the target); None with "
-                                  "quantize_draft means an int8 copy of the target.")
+        default=None, description="draft_model: HF folder of the draft model (same tokenizer as the target); None "
+                                  "with quantize_draft means an int8 copy of the target.")
     quantize_draft: bool = Field(default=False, description="int8 dynamic-quantize the draft's Linear layers (CPU).")
-    num_assistant_tokens: int = Field(default=5, ge=1, description="Draft tokens proposed per verification.")
+    num_assistant_tokens: int = Field(default=5, ge=1, description="Draft tokens proposed per verification "
+                                      "(prompt_lookup: the first step's; then adapted per request).")
+    max_draft_tokens: int = Field(default=16, ge=1, description="prompt_lookup: most draft tokens one step proposes.")
+    max_ngram: int = Field(default=3, ge=1, le=8, description="prompt_lookup: longest suffix n-gram looked up.")
     tokens_per_turn: int = Field(
-        default=16, ge=1, description="Tokens one request generates per scheduler turn before yielding.")
+        default=16, ge=1, description="draft_model: tokens one request generates per scheduler turn before yielding.")
     verify: bool = Field(
         default=True,
-        description="Verify draft tokens with the target (lossless). False serves the draft's own tokens, a lossy "
-                    "path that exists so the parity gate is exercised against a real diverging variant.")
+        description="draft_model: verify draft tokens with the target (lossless). False serves the draft's own "
+                    "tokens, a lossy path that exists so the parity gate is exercised against a real diverging variant.")
 
     @model_validator(mode="after")
     def _check(self) -> SpeculativeConfig:
-        if self.draft_dir is None and not self.quantize_draft:
-            raise ValueError("speculative needs draft_dir, or quantize_draft for an int8 copy of the target")
+        if self.method == "draft_model" and self.draft_dir is None and not self.quantize_draft:
+            raise ValueError("speculative method draft_model needs draft_dir, or quantize_draft for an int8 copy of "
+                             "the target")
+        if self.method == "prompt_lookup" and (self.draft_dir is not None or self.quantize_draft or not self.verify):
+            raise ValueError("speculative method prompt_lookup takes no draft_dir, quantize_draft or verify: false "
+                             "(set method: draft_model for a draft model)")
         return self
 
 
@@ -96,7 +109,8 @@ class EngineConfig(BaseModel):
     model_dir: Path = Field(description="HF folder of the target model and its tokenizer.")
     served_model_name: str = Field(default="temper", description="The `model` name clients send.")
     profile: Literal["standard", "fast"] = "standard"
-    speculative: SpeculativeConfig | None = Field(default=None, description="Required for profile 'fast'.")
+    speculative: SpeculativeConfig | None = Field(
+        default=None, description="Profile 'fast': how it drafts; None there means prompt lookup.")
     lanes: list[LaneConfig] = Field(default_factory=default_lanes, min_length=1)
     prefix_cache: PrefixCacheConfig = Field(default_factory=PrefixCacheConfig)
     max_context_tokens: int | None = Field(
@@ -136,7 +150,7 @@ class EngineConfig(BaseModel):
     @model_validator(mode="after")
     def _check(self) -> EngineConfig:
         if self.profile == "fast" and self.speculative is None:
-            raise ValueError("profile 'fast' needs a speculative config (draft_dir or quantize_draft)")
+            self.speculative = SpeculativeConfig()  # prompt lookup: needs no draft
         names = [lane.name for lane in self.lanes]
         if len(set(names)) != len(names):
             raise ValueError(f"lane names must be unique, got {names}")
@@ -150,6 +164,9 @@ def engine_config(rollout: RolloutSettings, **overrides) -> EngineConfig:
     """The embedded engine a rollout setting (``Settings.rollout``) asks for."""
     if rollout.model_dir is None:
         raise ValueError("engine_config needs model_dir")
-    spec = SpeculativeConfig(draft_dir=rollout.draft_dir) if rollout.profile == "fast" and rollout.draft_dir else None
+    spec = None
+    if rollout.profile == "fast":
+        spec = SpeculativeConfig(method="draft_model", draft_dir=rollout.draft_dir) if rollout.draft_dir \
+            else SpeculativeConfig()
     return EngineConfig(model_dir=rollout.model_dir, served_model_name=rollout.model, profile=rollout.profile,
                         speculative=spec, **overrides)

@@ -26,6 +26,22 @@ class SamplingParams(BaseModel):
         return self.temperature == 0
 
 
+def scaled_logits(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
+    """The logits tokens are drawn from: float32, divided by the temperature, outside top-p masked to -inf
+    (unchanged when greedy: argmax and the raw model distribution)."""
+    scaled = logits.float()
+    if params.greedy:
+        return scaled
+    scaled = scaled / params.temperature
+    if params.top_p < 1.0:
+        sorted_logits, order = scaled.sort(dim=-1, descending=True)
+        probs = sorted_logits.softmax(dim=-1)
+        drop = probs.cumsum(dim=-1) - probs > params.top_p  # keeps the first token always
+        sorted_logits = sorted_logits.masked_fill(drop, float("-inf"))
+        scaled = torch.full_like(scaled, float("-inf")).scatter(-1, order, sorted_logits)
+    return scaled
+
+
 def next_tokens(logits: torch.Tensor, params: SamplingParams,
                 generator: torch.Generator | None) -> tuple[list[int], list[float] | None]:
     """One token per row of ``logits`` [rows, vocab]: argmax when greedy, else temperature + top-p sampling.
@@ -34,17 +50,10 @@ def next_tokens(logits: torch.Tensor, params: SamplingParams,
     from (temperature and top-p applied; the raw model distribution when greedy), which is what a
     policy-gradient update compares its own log-probabilities with.
     """
+    scaled = scaled_logits(logits, params)
     if params.greedy:
-        scaled = logits.float()
         tokens = scaled.argmax(dim=-1)
     else:
-        scaled = logits.float() / params.temperature
-        if params.top_p < 1.0:
-            sorted_logits, order = scaled.sort(dim=-1, descending=True)
-            probs = sorted_logits.softmax(dim=-1)
-            drop = probs.cumsum(dim=-1) - probs > params.top_p  # keeps the first token always
-            sorted_logits = sorted_logits.masked_fill(drop, float("-inf"))
-            scaled = torch.full_like(scaled, float("-inf")).scatter(-1, order, sorted_logits)
         tokens = torch.multinomial(scaled.softmax(dim=-1), 1, generator=generator).squeeze(-1)
     if not params.logprobs:
         return tokens.tolist(), None

@@ -9,8 +9,9 @@ done.
 A scheduler step is, by default (``mixed_batches``), ONE forward over every running request:
 their decode rows and prefill chunks laid end to end (``mixed.py``), planned by
 ``Scheduler.plan_forward`` (decode first, then prefill chunks under ``forward_token_budget``). The
-fast profile, models ``mixed.py`` does not support, and ``mixed_batches: false`` run one forward per
-request, lanes taking turns by ``time_share``. ``prompt_reuse()`` counts the prompt tokens no
+fast profile (its decode step is one request's verify forward: ``lookup.py``, or a draft model's
+``generate``: ``fast.py``), models ``mixed.py`` does not support, and ``mixed_batches: false`` run one
+forward per request, lanes taking turns by ``time_share``. ``prompt_reuse()`` counts the prompt tokens no
 prefill computed (prefix-cache hits, a group's shared rows), logged by GRPO and eval. The prompt's KV, and each finished sample's prompt+completion KV, go into the prefix cache,
 so the next request sharing a system prompt / document / group prompt / episode history skips it.
 
@@ -45,6 +46,7 @@ from temper.rollout.fast import SpeculativeDecoder
 from temper.rollout.kv_cache import PrefixKVCache, cache_from, kv_of
 from temper.rollout.mixed import Segment, mixed_forward, supports
 from temper.rollout.lane_process import LaneProcess, usable_cpus
+from temper.rollout.lookup import LookupDecoder
 from temper.rollout.requests import (  # noqa: F401 (re-exported: the engine's public types)
     Delta,
     EngineRequest,
@@ -84,16 +86,20 @@ class Engine:
         self.scheduler = Scheduler(config.lanes, self.context)
         pc = config.prefix_cache
         self.prefix_cache = PrefixKVCache(prefix_budget(pc.budget_bytes, self.device)) if pc.enabled else None
-        if config.profile == "fast":
-            self.decoder = SpeculativeDecoder(self, config.speculative, draft)
+        spec = config.speculative
+        if config.profile == "fast" and spec.method == "draft_model":
+            self.decoder = SpeculativeDecoder(self, spec, draft)
+        elif config.profile == "fast":
+            self.decoder = LookupDecoder(self, spec)
         else:
             self.decoder = StandardDecoder(self)
         # one forward per step over all running requests (see scheduler.py and mixed.py)
-        self.mixed = config.mixed_batches and isinstance(self.decoder, StandardDecoder) and supports(self.model)
+        self.mixed = config.mixed_batches and self.decoder.mixes and supports(self.model)
         # decode steps from a static KV slot pool, as CUDA graphs on a GPU (slots.py): the mixed path's decode rows
         # launch attention per request, which on a GPU costs more than the step's arithmetic
         self.slot_decoder: SlotDecoder | None = None
-        if self.mixed and (config.slot_decode == "on" or config.slot_decode == "auto" and self.device.type == "cuda"):
+        if self.mixed and self.decoder.slot_decode and (
+                config.slot_decode == "on" or config.slot_decode == "auto" and self.device.type == "cuda"):
             self.slot_decoder = SlotDecoder(self.model, config.decode_slots,
                                             min(config.decode_slot_tokens, self.context), graphs=self.device.type == "cuda")
         # lanes with own_process: served by an engine process over model_dir's weights (lane_process.py), so only
@@ -357,8 +363,7 @@ class Engine:
             if isinstance(req.cache, SlotCache):  # decodes from the slot pool (slots.py), outside the mixed forward
                 slotted.append(req)
             elif kind == "decode":
-                segments.append(Segment(req.cache, [[req.samples[i].token_ids[-1]] for i in req.active],
-                                        req.cache.get_seq_length()))
+                segments.append(self.decoder.segment(req))
             else:
                 if req.cache is None:
                     self._start_prefill(req)
@@ -513,8 +518,8 @@ class Engine:
         ``prompt_tokens`` counts each sample's prompt (a GRPO group of G counts G prompts: G - 1 of them
         are shared rows of one prefill); ``reused_tokens`` = prefix-cache hits + those shared copies;
         ``hit_rate`` = reused / prompt tokens. A fresh group's rate is (G - 1) / G; a second request
-        reading the same document reuses the document's tokens from the prefix cache. Standard profile
-        only (the fast profile re-encodes, see fast.py): zeros there.
+        reading the same document reuses the document's tokens from the prefix cache. Zeros for the
+        draft-model fast profile (it re-encodes, see fast.py); prompt lookup prefills as standard does.
         """
         c = self.counters
         reused = c["prefix_hit_tokens"] + c["group_shared_tokens"]

@@ -32,6 +32,7 @@ from temper.rollout.requests import DecoderHost, EngineRequest
 
 class SpeculativeDecoder:
     needs_prefill = False  # assisted generate encodes the prompt itself (see module docstring)
+    mixes = False  # generate() runs its own forwards
     supports_logprobs = False  # generate() would need output_scores; the fast profile serves eval, not GRPO
 
     def __init__(self, engine: DecoderHost, spec: SpeculativeConfig, draft=None) -> None:

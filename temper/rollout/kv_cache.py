@@ -224,6 +224,18 @@ def kv_of(cache, batch_index: int = 0) -> LayerKV:
             for layer in cache.layers]
 
 
+def crop_cache(cache, length: int) -> None:
+    """Keep the first ``length`` positions of every layer (a speculative step's rejected tail goes). A growable
+    layer keeps its buffer (only the view shrinks, the next append writes over the tail); other full-attention
+    layers are sliced (transformers' own ``crop`` changed its meaning across versions)."""
+    for layer in cache.layers:
+        if getattr(layer, "_kview", None) is layer.keys and layer.keys is not None:
+            layer.keys = layer._kview = layer._kbuf[..., :length, :]
+            layer.values = layer._vbuf[..., :length, :]
+        else:
+            layer.keys, layer.values = layer.keys[..., :length, :], layer.values[..., :length, :]
+
+
 def _growable_layer_class():
     # lazy: transformers (800 ms) would load in fast unit tests (test_rollout_kv_cache.py)
     from transformers.cache_utils import DynamicLayer

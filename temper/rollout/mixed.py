@@ -41,12 +41,14 @@ def supports(model) -> bool:
 @dataclass
 class Segment:
     """One request's share of a forward: ``rows`` x ``len(tokens[0])`` new tokens appended to ``cache``
-    at positions ``start ..``; ``want_logits``: return the last position's logits of every row."""
+    at positions ``start ..``; ``want_logits``: return the last position's logits of every row, or with
+    ``every_position`` the logits of every new token (a speculative verify, ``lookup.py``)."""
 
     cache: Any
     tokens: list[list[int]]  # [rows][t]
     start: int
     want_logits: bool = True
+    every_position: bool = False
 
 
 def _rotary(model):
@@ -89,16 +91,20 @@ def mixed_forward(model, segments: list[Segment]) -> list[torch.Tensor | None]:
             outs.append(o.transpose(1, 2).reshape(r * t, -1))
         h = h + attn.o_proj(torch.cat(outs)).unsqueeze(0)
         h = h + layer.mlp(layer.post_attention_layernorm(h))
-    last = [lo + (row + 1) * t - 1 for s, (r, t), (lo, _) in zip(segments, shapes, bounds) if s.want_logits
-            for row in range(r)]
+    last, counts = [], []
+    for s, (r, t), (lo, hi) in zip(segments, shapes, bounds):
+        wanted = [] if not s.want_logits else range(lo, hi) if s.every_position else \
+            [lo + (row + 1) * t - 1 for row in range(r)]
+        last.extend(wanted)
+        counts.append(len(wanted))
     if not last:
         return [None] * len(segments)
     logits = model.lm_head(inner.norm(h[0, last]))
     out: list[torch.Tensor | None] = []
     at = 0
-    for s, (r, _) in zip(segments, shapes):
-        out.append(logits[at:at + r] if s.want_logits else None)
-        at += r if s.want_logits else 0
+    for s, n in zip(segments, counts):
+        out.append(logits[at:at + n] if s.want_logits else None)
+        at += n
     return out
 
 

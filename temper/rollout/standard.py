@@ -10,6 +10,7 @@ import torch
 
 from temper.rollout.decoding import next_tokens
 from temper.rollout.kv_cache import kv_of
+from temper.rollout.mixed import Segment
 from temper.rollout.requests import DecoderHost, EngineRequest
 
 
@@ -17,6 +18,8 @@ class StandardDecoder:
     """All samples of a request decode together: one forward per step over ``len(active)`` rows."""
 
     needs_prefill = True
+    mixes = True  # decode rows join the mixed forward (mixed.py)
+    slot_decode = True  # ...or the slot pool's static forward (slots.py)
     supports_logprobs = True
 
     def __init__(self, engine: DecoderHost) -> None:
@@ -38,6 +41,10 @@ class StandardDecoder:
         out = e.model(input_ids=last, cache=req.cache, position_ids=pos, use_cache=True)
         e._log(req, "decode", rows)
         self.advance(req, out.logits[:, -1])
+
+    def segment(self, req: EngineRequest) -> Segment:
+        """This step's rows for the engine's mixed forward: each active sample's last token."""
+        return Segment(req.cache, [[req.samples[i].token_ids[-1]] for i in req.active], req.cache.get_seq_length())
 
     def advance(self, req: EngineRequest, logits: torch.Tensor) -> None:
         """Sample each active row's next token from ``logits`` [rows, vocab] (a decode forward's output)."""

@@ -2,19 +2,28 @@
 
 from __future__ import annotations
 
+import pytest
 
-def test_eval_job_gives_the_same_result_through_the_rollout_engine(temper_home, tmp_path):
+
+@pytest.mark.parametrize("profile", ["standard", "fast"])
+def test_eval_job_gives_the_same_result_through_the_rollout_engine(temper_home, tmp_path, monkeypatch, profile):
+    """Either serving profile (the fast one: prompt lookup behind the same OpenAI API) scores as local generate."""
     from temper.cli import main
+    from temper.core.settings import get_settings
     from temper.training.tiny import init_tiny
     from workloads.evaluate import evaluate_domain
 
-    assert main(["data", "generate", "--domain", "arithmetic"]) == 0
+    monkeypatch.setenv("TEMPER_ROLLOUT_PROFILE", profile)
+    get_settings.cache_clear()
+    assert get_settings().rollout.profile == profile
+    assert main(["data", "generate", "--domain", "invoice_extraction"]) == 0
     model = str(init_tiny(tmp_path / "tiny"))
-    local = evaluate_domain(model, "arithmetic", limit=12, max_new_tokens=6)
-    served = evaluate_domain(model, "arithmetic", limit=12, max_new_tokens=6, generator="rollout")
-    assert served.ids == local.ids and served.n == 12
+    local = evaluate_domain(model, "invoice_extraction", limit=8, max_new_tokens=24)
+    served = evaluate_domain(model, "invoice_extraction", limit=8, max_new_tokens=24, generator="rollout")
+    assert served.ids == local.ids and served.n == 8
     assert [s["completion"] for s in served.samples] == [s["completion"] for s in local.samples]
     assert served.rewards == local.rewards
+    get_settings.cache_clear()
 
 
 def test_a_long_context_domain_scores_the_same_through_the_served_engine(temper_home, tmp_path):

@@ -32,7 +32,7 @@ def standard(models):
 
 def fast_engine(standard, draft_dir, verify=True):
     cfg = standard.config.model_copy(update={"profile": "fast", "speculative": SpeculativeConfig(
-        draft_dir=draft_dir, num_assistant_tokens=4, tokens_per_turn=8, verify=verify)})
+        method="draft_model", draft_dir=draft_dir, num_assistant_tokens=4, tokens_per_turn=8, verify=verify)})
     return Engine(cfg, model=standard.model, tokenizer=standard.tokenizer)
 
 

@@ -36,10 +36,10 @@ def test_embedded_backend_needs_a_model_or_a_server(tmp_path):
     with pytest.raises(ValueError, match="model_dir"):
         RolloutSettings(backend="embedded").checked()
     assert RolloutSettings(backend="embedded", base_url="http://127.0.0.1:8000/v1").checked().backend == "embedded"
-    with pytest.raises(ValueError, match="draft_dir"):
-        RolloutSettings(model_dir=tmp_path, profile="fast").checked()
+    cfg = engine_config(RolloutSettings(model_dir=tmp_path, profile="fast").checked())
+    assert cfg.profile == "fast" and cfg.speculative.method == "prompt_lookup"  # no draft model needed
     cfg = engine_config(RolloutSettings(model_dir=tmp_path, profile="fast", draft_dir=tmp_path / "d").checked())
-    assert cfg.profile == "fast" and cfg.speculative.draft_dir == tmp_path / "d"
+    assert cfg.speculative.method == "draft_model" and cfg.speculative.draft_dir == tmp_path / "d"
 
 
 def test_rollout_section_of_a_yaml_file(tmp_path):

@@ -5,7 +5,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from temper.rollout.config import EngineConfig, LaneConfig
+from temper.rollout.config import SpeculativeConfig, EngineConfig, LaneConfig
 from temper.rollout.errors import PromptTooLong, QueueFull
 from temper.rollout.scheduler import Scheduler
 
@@ -91,11 +91,14 @@ def test_a_lane_served_elsewhere_neither_runs_nor_contends_for_time():
         s.charge(short, 1.0)
 
 
-def test_engine_config_rejects_unordered_lanes_and_fast_without_draft(tmp_path):
+def test_engine_config_rejects_unordered_lanes_and_a_draft_model_without_a_draft(tmp_path):
     with pytest.raises(ValueError, match="ordered"):
         EngineConfig(model_dir=tmp_path, lanes=list(reversed(LANES)))
-    with pytest.raises(ValueError, match="speculative"):
-        EngineConfig(model_dir=tmp_path, profile="fast")
+    assert EngineConfig(model_dir=tmp_path, profile="fast").speculative.method == "prompt_lookup"
+    with pytest.raises(ValueError, match="draft_model needs draft_dir"):
+        EngineConfig(model_dir=tmp_path, profile="fast", speculative=SpeculativeConfig(method="draft_model"))
+    with pytest.raises(ValueError, match="prompt_lookup takes no draft_dir"):
+        SpeculativeConfig(draft_dir=tmp_path)
 
 
 # -- mixed batches: what one forward carries ------------------------------------------------------

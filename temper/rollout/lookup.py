@@ -1,0 +1,187 @@
+"""The fast profile's prompt-lookup decoder: speculative decoding inside the engine's own decode loop, on its
+KV cache, with no second model.
+
+A step of a request with one active sample proposes up to ``k`` tokens by n-gram lookup (the tokens that
+followed the latest earlier occurrence of the sequence's last 3, 2 or 1 tokens, in the prompt or in the
+text generated so far), runs ONE forward of the target over ``[last token, *drafts]`` on the request's
+cache, keeps the accepted prefix plus the target's own next token, and crops the rejected tail out of the
+cache. Copy-heavy work (extraction, document questions, code repair, tool histories) repeats spans of its
+input, so one forward often yields several tokens.
+
+Exactness. Greedy: every token is the target's argmax at its position, so the output is the standard
+profile's (up to the float rounding of a k+1-token forward versus a 1-token one, which the tests check on
+the catalog's families). Sampling: the standard speculative rejection rule for a draft that puts all its
+mass on one token x: accept x with probability p(x), else draw from p with x removed (renormalized), and
+draw the bonus token from p; every emitted token is then distributed as the target's (``verify``).
+Log-probabilities come from the verify forward's logits, as the standard profile's from its own.
+
+What it shares with the standard profile: admission, lanes, chunked prefill and the prefix cache (prefill
+is the engine's, ``needs_prefill``), the first token, stop handling, and mixed batches: a request's verify
+rides in the one forward of every running request as a segment of 1 + k tokens (``mixed.py``), so 8
+requests cost one forward, not 8 (the scheduler's token budget counts their decode rows, not the drafts). Requests with ``n > 1`` rows (a GRPO
+group) decode as the standard profile does: the rows would accept different lengths but share one cache
+length. ``k`` adapts per request (transformers' assisted-generation heuristic): +2 after a step that
+accepted every draft, -1 after one that did not; a step that accepted none also skips drafting for the next
+1, 2, 4 .. 16 steps (reset by any acceptance), so a request whose drafts fail decodes almost as standard:
+a verified position that is rejected costs compute, which at batch 8 on a CPU is not free.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from temper.rollout.config import SpeculativeConfig
+from temper.rollout.decoding import SamplingParams, scaled_logits
+from temper.rollout.kv_cache import crop_cache, kv_of
+from temper.rollout.mixed import Segment
+from temper.rollout.requests import DecoderHost, EngineRequest
+from temper.rollout.standard import StandardDecoder
+
+
+def propose(tokens: list[int], k: int, max_ngram: int = 3) -> list[int]:
+    """Up to ``k`` tokens that followed the latest earlier occurrence of the longest suffix n-gram of ``tokens``
+    (n from ``max_ngram`` down to 1); [] when the last token never occurred before."""
+    if k <= 0 or len(tokens) < 2:
+        return []
+    arr = np.asarray(tokens)
+    length = len(arr)
+    for n in range(min(max_ngram, length - 1), 0, -1):
+        pattern = arr[length - n:]
+        hits = arr[:length - n] == pattern[0]  # candidate starts s in [0, length - n): a token follows each match
+        for j in range(1, n):
+            hits &= arr[j:length - n + j] == pattern[j]
+        starts = np.flatnonzero(hits)
+        if starts.size:
+            s = int(starts[-1]) + n
+            return arr[s:s + k].tolist()
+    return []
+
+
+def verify(logits: torch.Tensor, draft: list[int], params: SamplingParams,
+           generator: torch.Generator | None) -> tuple[list[int], list[float] | None, int]:
+    """The tokens to emit from the target's ``logits`` [1 + len(draft), vocab] at positions [last, *draft]:
+    the accepted drafts and one token of the target's own. Returns (tokens, their log-probabilities when
+    ``params.logprobs``, number of drafts accepted)."""
+    scaled = scaled_logits(logits, params)
+    if params.greedy:
+        target = scaled.argmax(dim=-1).tolist()
+        accepted = 0
+        while accepted < len(draft) and draft[accepted] == target[accepted]:
+            accepted += 1
+        tokens = target[:accepted + 1]
+    else:
+        probs = scaled.softmax(dim=-1)
+        tokens = []
+        for i, x in enumerate(draft):
+            if torch.rand((), generator=generator, device=probs.device) < probs[i, x]:
+                tokens.append(x)
+                continue
+            residual = probs[i].clone()
+            residual[x] = 0  # p(x) < 1 here, so something remains
+            tokens.append(int(torch.multinomial(residual / residual.sum(), 1, generator=generator)))
+            break
+        else:
+            tokens.append(int(torch.multinomial(probs[len(draft)], 1, generator=generator)))
+        accepted = len(tokens) - 1
+    if not params.logprobs:
+        return tokens, None, accepted
+    rows = torch.arange(len(tokens), device=scaled.device)
+    lp = scaled.log_softmax(dim=-1)[rows, torch.tensor(tokens, device=scaled.device)]
+    return tokens, lp.tolist(), accepted
+
+
+class LookupDecoder(StandardDecoder):
+    """Prompt-lookup speculative decoding for one-row requests; the standard profile's step for groups.
+
+    In mixed batches (the engine's default) a request's ``[last, *drafts]`` is its segment of the one forward
+    every running request shares, with logits at every position (``mixed.py``); otherwise ``step`` runs
+    the request's own forward. Either way ``_settle`` verifies, emits and crops."""
+
+    slot_decode = False  # the slot pool's static forward decodes one token per row
+
+    def __init__(self, engine: DecoderHost, spec: SpeculativeConfig) -> None:
+        super().__init__(engine)
+        self.spec = spec
+        self.stats = {"steps": 0, "proposed": 0, "accepted": 0, "emitted": 0}
+
+    def begin(self, req: EngineRequest, logits: torch.Tensor) -> None:
+        req.extra["k"] = self.spec.num_assistant_tokens
+        super().begin(req, logits)
+
+    def _propose(self, req: EngineRequest) -> list[int]:
+        p, sample = req.params, req.samples[req.active[0]]
+        seq = req.prompt + sample.token_ids
+        # drafts past the token budget or the context could never be emitted
+        room = min(p.max_tokens - len(sample.token_ids), self.engine.context - len(seq)) - 1
+        if req.extra.get("skip", 0) > 0:  # drafts failed outright lately: plain steps for a while
+            req.extra["skip"] -= 1
+            return []
+        return propose(seq, min(req.extra["k"], room), self.spec.max_ngram)
+
+    def segment(self, req: EngineRequest) -> Segment:
+        if len(req.active) != 1:
+            req.extra["draft"] = None
+            return super().segment(req)
+        draft = req.extra["draft"] = self._propose(req) or None
+        if draft is None:  # nothing to verify: exactly the standard profile's decode row
+            self._plain_step()
+            return super().segment(req)
+        last = req.samples[req.active[0]].token_ids[-1]
+        return Segment(req.cache, [[last, *draft]], req.cache.get_seq_length(), every_position=True)
+
+    def advance(self, req: EngineRequest, logits: torch.Tensor) -> None:
+        draft = req.extra.pop("draft", None)
+        if draft is None:
+            return super().advance(req, logits)
+        self._settle(req, logits, draft)
+
+    @torch.no_grad()
+    def step(self, req: EngineRequest) -> None:
+        if len(req.active) != 1:
+            return super().step(req)
+        e = self.engine
+        draft = self._propose(req)
+        if not draft:
+            self._plain_step()
+            return super().step(req)
+        start = req.cache.get_seq_length()  # the cache holds the sequence but its last token
+        ids = torch.tensor([[req.samples[req.active[0]].token_ids[-1], *draft]], device=e.device)
+        pos = torch.arange(start, start + ids.shape[1], device=e.device).unsqueeze(0)
+        out = e.model(input_ids=ids, cache=req.cache, position_ids=pos, use_cache=True)
+        e._log(req, "decode", 1, f"lookup {len(draft)} drafts")
+        self._settle(req, out.logits[0], draft)
+
+    def _plain_step(self) -> None:
+        self.stats["steps"] += 1
+        self.stats["emitted"] += 1  # a standard step: one token for the one row
+
+    def _settle(self, req: EngineRequest, logits: torch.Tensor, draft: list[int]) -> None:
+        """Verify ``draft`` against the target's ``logits`` [1 + len(draft), vocab] (the forward has appended
+        ``[last, *draft]`` to the cache), emit, cut the rejected tail out of the cache, adapt k."""
+        e, index = self.engine, req.active[0]
+        sample = req.samples[index]
+        start = req.cache.get_seq_length() - 1 - len(draft)
+        tokens, logprobs, accepted = verify(logits, draft, req.params, req.generator)
+        emitted = 0
+        for i, tok in enumerate(tokens):
+            e.accept(req, index, [tok], None if logprobs is None else [logprobs[i]])
+            emitted += 1
+            if sample.finished:
+                break
+        if emitted < 1 + len(draft):  # the cache keeps [last, accepted drafts]; the newest token is fed next step
+            crop_cache(req.cache, start + emitted)
+        s = self.stats
+        s["steps"], s["proposed"], s["accepted"], s["emitted"] = (
+            s["steps"] + 1, s["proposed"] + len(draft), s["accepted"] + accepted, s["emitted"] + emitted)
+        if draft:
+            x, k = req.extra, req.extra["k"]
+            x["k"] = min(self.spec.max_draft_tokens, k + 2) if accepted == len(draft) else max(1, k - 1)
+            if accepted:
+                x["backoff"] = 1
+            else:  # not one token right: skip the next 1, 2, 4 .. 16 steps' drafts (an unaccepted one costs)
+                x["skip"] = x.get("backoff", 1)
+                x["backoff"] = min(16, 2 * x["skip"])
+        if sample.finished:
+            e.cache_completion(req, index, kv_of(req.cache, 0))
+            req.active = []
