@@ -44,9 +44,9 @@ from temper.rollout.device import engine_device, prefix_budget
 from temper.rollout.errors import EngineClosed
 from temper.rollout.fast import SpeculativeDecoder
 from temper.rollout.kv_cache import PrefixKVCache, cache_from, kv_of
-from temper.rollout.mixed import Segment, mixed_forward, supports
 from temper.rollout.lane_process import LaneProcess, usable_cpus
 from temper.rollout.lookup import LookupDecoder
+from temper.rollout.mixed import Segment, mixed_forward, supports
 from temper.rollout.requests import (  # noqa: F401 (re-exported: the engine's public types)
     Delta,
     EngineRequest,

@@ -5,7 +5,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from temper.rollout.config import SpeculativeConfig, EngineConfig, LaneConfig
+from temper.rollout.config import EngineConfig, LaneConfig, SpeculativeConfig
 from temper.rollout.errors import PromptTooLong, QueueFull
 from temper.rollout.scheduler import Scheduler
 
