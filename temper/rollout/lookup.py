@@ -18,9 +18,9 @@ Log-probabilities come from the verify forward's logits, as the standard profile
 What it shares with the standard profile: admission, lanes, chunked prefill and the prefix cache (prefill
 is the engine's, ``needs_prefill``), the first token, stop handling, and mixed batches: a request's verify
 rides in the one forward of every running request as a segment of 1 + k tokens (``mixed.py``), so 8
-requests cost one forward, not 8 (the scheduler's token budget counts their decode rows, not the drafts). Requests with ``n > 1`` rows (a GRPO
-group) decode as the standard profile does: the rows would accept different lengths but share one cache
-length. ``k`` adapts per request (transformers' assisted-generation heuristic): +2 after a step that
+requests cost one forward, not 8 (the scheduler's token budget counts their decode rows, not the drafts).
+Requests with ``n > 1`` rows (a GRPO group) decode as the standard profile does: the rows would accept
+different lengths but share one cache length. ``k`` adapts per request (transformers' assisted-generation heuristic): +2 after a step that
 accepted every draft, -1 after one that did not; a step that accepted none also skips drafting for the next
 1, 2, 4 .. 16 steps (reset by any acceptance), so a request whose drafts fail decodes almost as standard:
 a verified position that is rejected costs compute, which at batch 8 on a CPU is not free.
@@ -110,13 +110,13 @@ class LookupDecoder(StandardDecoder):
         super().begin(req, logits)
 
     def _propose(self, req: EngineRequest) -> list[int]:
+        if req.extra.get("skip", 0) > 0:  # drafts failed outright lately: plain steps for a while
+            req.extra["skip"] -= 1
+            return []
         p, sample = req.params, req.samples[req.active[0]]
         seq = req.prompt + sample.token_ids
         # drafts past the token budget or the context could never be emitted
         room = min(p.max_tokens - len(sample.token_ids), self.engine.context - len(seq)) - 1
-        if req.extra.get("skip", 0) > 0:  # drafts failed outright lately: plain steps for a while
-            req.extra["skip"] -= 1
-            return []
         return propose(seq, min(req.extra["k"], room), self.spec.max_ngram)
 
     def segment(self, req: EngineRequest) -> Segment:
@@ -157,31 +157,28 @@ class LookupDecoder(StandardDecoder):
         self.stats["emitted"] += 1  # a standard step: one token for the one row
 
     def _settle(self, req: EngineRequest, logits: torch.Tensor, draft: list[int]) -> None:
-        """Verify ``draft`` against the target's ``logits`` [1 + len(draft), vocab] (the forward has appended
-        ``[last, *draft]`` to the cache), emit, cut the rejected tail out of the cache, adapt k."""
+        """Verify ``draft`` (never empty: a step without one is the standard profile's) against the target's
+        ``logits`` [1 + len(draft), vocab] (the forward has appended ``[last, *draft]`` to the cache), emit,
+        cut the rejected tail out of the cache, adapt k."""
         e, index = self.engine, req.active[0]
         sample = req.samples[index]
         start = req.cache.get_seq_length() - 1 - len(draft)
         tokens, logprobs, accepted = verify(logits, draft, req.params, req.generator)
-        emitted = 0
-        for i, tok in enumerate(tokens):
-            e.accept(req, index, [tok], None if logprobs is None else [logprobs[i]])
-            emitted += 1
-            if sample.finished:
-                break
+        before = len(sample.token_ids)
+        e.accept(req, index, tokens, logprobs)  # appends until the sample finishes (eos, stop, max_tokens)
+        emitted = len(sample.token_ids) - before
         if emitted < 1 + len(draft):  # the cache keeps [last, accepted drafts]; the newest token is fed next step
             crop_cache(req.cache, start + emitted)
         s = self.stats
         s["steps"], s["proposed"], s["accepted"], s["emitted"] = (
             s["steps"] + 1, s["proposed"] + len(draft), s["accepted"] + accepted, s["emitted"] + emitted)
-        if draft:
-            x, k = req.extra, req.extra["k"]
-            x["k"] = min(self.spec.max_draft_tokens, k + 2) if accepted == len(draft) else max(1, k - 1)
-            if accepted:
-                x["backoff"] = 1
-            else:  # not one token right: skip the next 1, 2, 4 .. 16 steps' drafts (an unaccepted one costs)
-                x["skip"] = x.get("backoff", 1)
-                x["backoff"] = min(16, 2 * x["skip"])
+        x, k = req.extra, req.extra["k"]
+        x["k"] = min(self.spec.max_draft_tokens, k + 2) if accepted == len(draft) else max(1, k - 1)
+        if accepted:
+            x["backoff"] = 1
+        else:  # not one token right: skip the next 1, 2, 4 .. 16 steps' drafts (an unaccepted one costs)
+            x["skip"] = x.get("backoff", 1)
+            x["backoff"] = min(16, 2 * x["skip"])
         if sample.finished:
             e.cache_completion(req, index, kv_of(req.cache, 0))
             req.active = []

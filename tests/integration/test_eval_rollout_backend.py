@@ -23,7 +23,6 @@ def test_eval_job_gives_the_same_result_through_the_rollout_engine(temper_home, 
     assert served.ids == local.ids and served.n == 8
     assert [s["completion"] for s in served.samples] == [s["completion"] for s in local.samples]
     assert served.rewards == local.rewards
-    get_settings.cache_clear()
 
 
 def test_a_long_context_domain_scores_the_same_through_the_served_engine(temper_home, tmp_path):

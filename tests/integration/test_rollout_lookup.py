@@ -3,6 +3,7 @@ every catalog domain's prompts (starter, long-context, agentic, public benchmark
 within 1e-4, the cache cut back after rejected drafts, long prompts chunk-prefilled and prefix-cached as in the
 standard profile, and the parity gate passes it."""
 
+from functools import lru_cache
 from pathlib import Path
 
 import pytest
@@ -23,9 +24,10 @@ GREEDY = SamplingParams(max_tokens=48, temperature=0)
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
+@lru_cache
 def catalog_prompts(rows: int = 2, longest: int = 3000) -> dict[str, list[str]]:
     """Each catalog domain's first rows as the prompt its eval renders (the last ``longest`` characters: the tiny
-    model's tokenizer is a character's token, its context 4096)."""
+    model's tokenizer is a character's token, its context 4096). Generated once per argument: read, never changed."""
     out = {}
     for path in sorted((REPO / "domains").glob("*.yaml")):
         d = load_domain(path)
