@@ -20,10 +20,11 @@ is the engine's, ``needs_prefill``), the first token, stop handling, and mixed b
 rides in the one forward of every running request as a segment of 1 + k tokens (``mixed.py``), so 8
 requests cost one forward, not 8 (the scheduler's token budget counts their decode rows, not the drafts).
 Requests with ``n > 1`` rows (a GRPO group) decode as the standard profile does: the rows would accept
-different lengths but share one cache length. ``k`` adapts per request (transformers' assisted-generation heuristic): +2 after a step that
-accepted every draft, -1 after one that did not; a step that accepted none also skips drafting for the next
-1, 2, 4 .. 16 steps (reset by any acceptance), so a request whose drafts fail decodes almost as standard:
-a verified position that is rejected costs compute, which at batch 8 on a CPU is not free.
+different lengths but share one cache length. ``k`` adapts per request (transformers' assisted-generation
+heuristic): +2 after a step that accepted every draft, -1 after one that did not; a step that accepted none
+also skips drafting for the next 1, 2, 4 .. 16 steps (reset by any acceptance), so a request whose drafts
+fail decodes almost as standard: a verified position that is rejected costs compute, which at batch 8 on
+a CPU is not free.
 """
 
 from __future__ import annotations
