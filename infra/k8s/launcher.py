@@ -146,7 +146,9 @@ class KubernetesLauncher:
                     else:
                         unschedulable_since.pop(name, None)
                     outcome = classify(job, pods, now - unschedulable_since.get(name, now), self.opts, limits)
-                    if outcome.state == "running":
+                    if outcome.state == "running" or outcome.state == "failed" and missing_pods(job, pods):
+                        # a rank that failed while the controller could not create its peers failed for that
+                        # reason: its FailedCreate Events name the cause, a retry would not help
                         outcome = self._failed_create(attempt, job, pods, refused_since, now) or outcome
                     if outcome.state == "running" and job.spec and job.spec.suspend and \
                             (job.metadata.labels or {}).get(m.QUEUE_LABEL):
