@@ -119,7 +119,8 @@ def file_records(n: int) -> list[dict]:
 
 def bench_pool(concurrencies: list[int], episodes: int) -> None:
     from infra.sandbox import SandboxPool
-    from temper.agent.environment import make_environment, play
+    from temper.agent.environment import play
+    from temper.agent.kinds import make_environment
     from temper.data.catalog import load_catalog
     from temper.verifiers.families.episode import episode_limits
 

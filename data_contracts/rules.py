@@ -105,6 +105,36 @@ def json_state_differs(value: Any, other: Any) -> bool:
         return False
 
 
+@rule("hidden_cases")
+def hidden_cases(value: Any, _other: Any = None) -> bool:
+    """Repair tasks' judge: a non-empty JSON list of {module, function, args (a list), expect}."""
+    try:
+        cases = json.loads(value)
+    except (TypeError, ValueError):
+        return False
+    return (isinstance(cases, list) and bool(cases)
+            and all(isinstance(c, dict) and set(c) == {"module", "function", "args", "expect"}
+                    and isinstance(c["module"], str) and isinstance(c["function"], str)
+                    and isinstance(c["args"], list) for c in cases))
+
+
+@rule("project_files")
+def project_files(value: Any, package: Any) -> bool:
+    """Repair tasks' start tree: JSON {relative path: text} with the package's __init__.py, run_tests.py and a
+    tests/test_*.py; no absolute path and no '..' (the tree is written into the sandbox's work dir)."""
+    try:
+        files = json.loads(value)
+    except (TypeError, ValueError):
+        return False
+    if not (isinstance(files, dict) and isinstance(package, str) and package.isidentifier()):
+        return False
+    paths = list(files)
+    return (all(isinstance(p, str) and isinstance(t, str) and not p.startswith("/") and ".." not in p.split("/")
+                for p, t in files.items())
+            and f"{package}/__init__.py" in files and "run_tests.py" in files
+            and any(p.startswith("tests/test_") and p.endswith(".py") for p in paths))
+
+
 @rule("valid_bash")
 def valid_bash(value: Any, _other: Any = None) -> bool:
     """Shell scripts: balanced quotes and no NUL bytes (a full parse needs bash; the sandbox has it)."""

@@ -176,6 +176,9 @@ while True:
 """
 
 _PYTHONS = ("python3", "/usr/bin/python3")
+# What a run's stderr ends with when the run killed its box's fork server (kill -9 -1 and the like):
+# the program's doing, so verifiers score it 0 rather than "not judged".
+SERVER_ENDED = "fork server ended during the run"
 _PIPE_CAPACITY = 65536
 
 
@@ -284,7 +287,7 @@ class ForkServer:
             return finish(out, err, total, reason, limits, time.monotonic() - start, None, signal.SIGKILL, *used)
         if not status:  # the server died (a run killed it): end the sandbox
             self.close()  # SIGKILL to the sandbox's whole tree, as for a cold run
-            err += b"\nsandbox: the fork server ended during the run\n"
+            err += f"\nsandbox: the {SERVER_ENDED}\n".encode()
             return finish(out, err, total, "error", limits, time.monotonic() - start, None, signal.SIGKILL, 0.0, 0.0)
         wait_status, utime, stime, rss_kb = int(status[0]), float(status[1]), float(status[2]), float(status[3])
         if status[4] != b"1":  # the server could not reclaim the sandbox and is exiting

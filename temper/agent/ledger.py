@@ -1,13 +1,16 @@
 """The small stateful API of the ``ledger_tasks`` domain: accounts with integer balances.
 
 Tool calls arrive as data (a name from ``LEDGER_TOOLS`` and JSON arguments), never as code, so the
-API runs in process; the episode's end state is ``Ledger.accounts``.
+API runs in process; the episode's end state is ``Ledger.accounts`` (``LedgerEnvironment``).
 """
 
 from __future__ import annotations
 
+import json
 import re
 from typing import Any
+
+from temper.agent.environment import Action, EpisodeEnvironment, Outcome
 
 
 class Ledger:
@@ -67,3 +70,27 @@ class Ledger:
 
 
 LEDGER_TOOLS = ("list_accounts", "get_balance", "open_account", "close_account", "deposit", "withdraw", "transfer")
+
+
+class LedgerEnvironment(EpisodeEnvironment):
+    """A ``ledger_tasks`` record: ``start_accounts`` in a fresh ``Ledger``, tool calls against it,
+    reward when the accounts equal ``end_accounts`` exactly."""
+
+    name = "ledger"
+    kinds = ("call", "done")
+
+    def _start(self, record: dict[str, Any]) -> str:
+        self.ledger = Ledger(json.loads(record["start_accounts"]))
+        return record["instruction"]
+
+    def _act(self, action: Action, timeout_s: float) -> tuple[str, Outcome | None]:
+        if action.name not in LEDGER_TOOLS:
+            return f"error: unknown tool {action.name!r}; tools: {', '.join(LEDGER_TOOLS)}", None
+        try:
+            result = getattr(self.ledger, action.name)(**action.arguments)
+        except (TypeError, ValueError, KeyError) as e:
+            return f"error: {e}", None
+        return json.dumps(result, sort_keys=True), None
+
+    def _end_state_ok(self) -> bool:
+        return self.ledger.accounts == json.loads(self.record["end_accounts"])

@@ -28,7 +28,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from temper.agent.environment import ENVIRONMENTS, EpisodeEnvironment, EpisodeLimits, make_environment, play
+from temper.agent.environment import EpisodeEnvironment, EpisodeLimits, play
+from temper.agent.kinds import ENVIRONMENTS, make_environment
 from temper.core.errors import TemperError
 from temper.core.jsonl import json_objects
 

@@ -19,7 +19,7 @@ import pandas as pd
 from infra.storage import exists
 from temper.core.errors import DatasetError
 from temper.core.settings import Settings, get_settings
-from temper.data import generators_agentic, generators_long_context, generators_open_ended
+from temper.data import generators_agentic, generators_long_context, generators_open_ended, generators_repair
 from temper.data.datasets import dataset_digest, parse_dataset, write_dataset
 from temper.data.domain import Domain
 from temper.data.formats.bfcl import bfcl_frame
@@ -236,13 +236,21 @@ def nl2bash(rows: int, seed: int = 0, eval_fraction: float = 1.0, **params: Any)
     return vendored_frame(rows, seed, eval_fraction, **params)
 
 
-# Multi-step domains (episodes in environments): temper/data/generators_agentic.py.
+# Multi-step domains (episodes in environments): temper/data/generators_agentic.py and generators_repair.py.
 def file_tasks(rows: int, seed: int = 0, eval_fraction: float = 0.1) -> pd.DataFrame:
     return generators_agentic.file_tasks(rows, seed, eval_fraction)
 
 
 def ledger_tasks(rows: int, seed: int = 0, eval_fraction: float = 0.1) -> pd.DataFrame:
     return generators_agentic.ledger_tasks(rows, seed, eval_fraction)
+
+
+def repair_tasks(rows: int, seed: int = 0, eval_fraction: float = 0.1, **tier: Any) -> pd.DataFrame:
+    """Repository repair (temper/data/generators_repair.py); ``tier``: modules, bugs, cross_module."""
+    try:
+        return generators_repair.repair_tasks(rows, seed, eval_fraction, **tier)
+    except ValueError as e:
+        raise DatasetError(str(e)) from None
 
 
 # The one list of generators: a domain's dataset.generator names one of these.
@@ -260,6 +268,7 @@ GENERATORS: dict[str, Callable[..., pd.DataFrame]] = {
     "nl2bash": nl2bash,
     "file_tasks": file_tasks,
     "ledger_tasks": ledger_tasks,
+    "repair_tasks": repair_tasks,
 }
 
 

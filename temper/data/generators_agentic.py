@@ -2,7 +2,7 @@
 
 ``file_tasks``: a small work dir to be changed into a target state ("make the directory look like
 this") by several shell commands or file writes. ``ledger_tasks``: a few accounts behind a small
-stateful API (``temper.agent.environment.Ledger``) to be brought to a target state by several
+stateful API (``temper.agent.ledger.Ledger``) to be brought to a target state by several
 tool calls. Each record carries the start state, the exact expected end state and ``reference``:
 the turns (JSON list of action texts, ending in ``<done/>``) of a scripted policy that solves it,
 so the environment and the end-state check are proven on every record independently of any model.

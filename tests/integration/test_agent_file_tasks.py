@@ -10,7 +10,8 @@ import pytest
 
 from infra.sandbox import SandboxPool
 from infra.sandbox.bwrap import bwrap_available
-from temper.agent.environment import EpisodeLimits, FilesEnvironment, play
+from temper.agent.environment import EpisodeLimits, play
+from temper.agent.files import FilesEnvironment
 from temper.data.generators import generate
 from temper.verifiers.registry import get_verifier
 

@@ -7,8 +7,18 @@ import json
 
 import pytest
 
-from temper.agent.environment import (MAX_CALL_CHARS, MAX_CALL_DEPTH, Action, EpisodeLimits, FilesEnvironment,
-                                      LedgerEnvironment, parse_action, parse_actions, play, render_action)
+from temper.agent.environment import (
+    MAX_CALL_CHARS,
+    MAX_CALL_DEPTH,
+    Action,
+    EpisodeLimits,
+    parse_action,
+    parse_actions,
+    play,
+    render_action,
+)
+from temper.agent.files import FilesEnvironment
+from temper.agent.ledger import LedgerEnvironment
 from temper.data.generators import generate
 from temper.verifiers.registry import get_verifier
 

@@ -136,7 +136,7 @@ GOOD_TRAJECTORY = ('{"format": "temper.trajectory/1", "env": "ledger", "limits":
     ("[1, 2]\n", ":1: expected a JSON object (one episode), got list"),
     (GOOD_TRAJECTORY.replace('"turns": [], ', ""), ":1: field 'turns' must be a list, got missing"),
     (GOOD_TRAJECTORY.replace("temper.trajectory/1", "v0"), ":1: format 'v0' is not 'temper.trajectory/1'"),
-    (GOOD_TRAJECTORY.replace('"ledger"', '"shell"'), ":1: unknown env 'shell' (known: files, ledger)"),
+    (GOOD_TRAJECTORY.replace('"ledger"', '"shell"'), ":1: unknown env 'shell' (known: files, ledger, repair)"),
     (GOOD_TRAJECTORY.replace('"limits": {}', '"limits": {"max_turnz": 3}'), ":1: field 'limits': "),
     (GOOD_TRAJECTORY.replace('"turns": []', '"turns": [{"action": 1}]'),
      ":1: turns[0] needs string fields 'action' and 'observation'"),

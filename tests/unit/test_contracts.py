@@ -1,5 +1,6 @@
 """Contracts run through Great Expectations for real (ephemeral context, no server)."""
 
+import json
 from pathlib import Path
 
 import pytest
@@ -80,6 +81,20 @@ def test_multistep_task_whose_end_state_is_its_start_or_whose_reference_never_en
     df.loc[5, "reference"] = '["<call>{}</call>"]'  # a reference that never says done
     failed = failures_by_check(check(runner, contract, df))
     assert {c for c, _ in failed} >= {"rule:json_state_differs", "rule:episode_turns"}
+
+
+@pytest.mark.parametrize("tier", [{"modules": 2, "bugs": 1}, {"modules": 4, "bugs": 2, "cross_module": True}])
+def test_repair_projects_pass_their_contract_and_a_broken_one_is_named(runner, tier):
+    contract = load_contracts(CONTRACTS)["repair_tasks"]
+    df = generate("repair_tasks", 40, 0, 0.1, tier)
+    assert check(runner, contract, df).success
+    df.loc[2, "hidden_tests"] = "[]"  # nothing would judge the episode
+    files = json.loads(df.loc[4, "start_files"])
+    df.loc[4, "start_files"] = json.dumps({k: v for k, v in files.items() if not k.startswith("tests/")})
+    df.loc[6, "start_files"] = json.dumps({**files, "../outside.py": ""})  # written outside the work dir
+    failed = failures_by_check(check(runner, contract, df))
+    assert failed[("rule:hidden_cases", "hidden_tests")].unexpected_count == 1
+    assert failed[("rule:project_files", "start_files")].unexpected_count == 2
 
 
 def test_code_tests_must_parse(runner):

@@ -5,7 +5,8 @@ from __future__ import annotations
 import json
 
 from temper.agent import trajectories
-from temper.agent.environment import EpisodeLimits, LedgerEnvironment, play
+from temper.agent.environment import EpisodeLimits, play
+from temper.agent.ledger import LedgerEnvironment
 from temper.data.generators import generate
 
 

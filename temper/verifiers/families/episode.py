@@ -16,7 +16,8 @@ from typing import Any, Literal
 
 from pydantic import PositiveFloat, PositiveInt
 
-from temper.agent.environment import EpisodeLimits, action_texts, make_environment, play
+from temper.agent.environment import EpisodeLimits, action_texts, play
+from temper.agent.kinds import make_environment
 from temper.verifiers.base import Verdict, Verifier, not_judged
 
 
@@ -29,12 +30,12 @@ def episode_limits(params: dict[str, Any]) -> EpisodeLimits:
 
 
 class EpisodeVerifier(Verifier):
-    """params: env ('files' | 'ledger'), max_turns, budget_s (wall clock per episode), step_timeout_s,
+    """params: env ('files' | 'ledger' | 'repair'), max_turns, budget_s (wall clock per episode), step_timeout_s,
     max_observation_chars (observation shown to the model), turn_tokens (new tokens per model turn in
     GRPO, default 64)."""
 
     family = "episode"
-    known_params = {"env": Literal["files", "ledger"], "max_turns": PositiveInt, "budget_s": PositiveFloat,
+    known_params = {"env": Literal["files", "ledger", "repair"], "max_turns": PositiveInt, "budget_s": PositiveFloat,
                     "step_timeout_s": PositiveFloat, "max_observation_chars": PositiveInt,
                     "turn_tokens": PositiveInt}
     offload = True  # a files episode waits on sandbox commands

@@ -28,6 +28,7 @@ from typing import Any, Literal
 from pydantic import PositiveFloat, PositiveInt
 
 from infra.sandbox import Session, shared_pool
+from infra.sandbox.forkserver import SERVER_ENDED
 from infra.sandbox.pool import QueueTimeout
 from temper.verifiers.base import Verdict, Verifier, not_judged
 from temper.verifiers.pooled import PooledVerifier
@@ -35,9 +36,6 @@ from temper.verifiers.pooled import PooledVerifier
 log = logging.getLogger(__name__)
 
 HARNESS_FILE = ".temper_harness.py"
-# What the warm pool reports when the program killed its box's fork server (kill -9 -1 and the
-# like): that is the completion's doing, so it scores 0; other sandbox errors are None (not judged).
-SERVER_KILLED = "fork server ended during the run"
 HARNESS = Path(__file__).with_name("code_harness.py").read_text()
 
 
@@ -92,7 +90,8 @@ class CodeTestsVerifier(PooledVerifier):
         return pool, token, ["python3", "-I", HARNESS_FILE, str(record["entry_point"]), partial], kwargs
 
     def _verdict(self, result, token: str) -> Verdict | None:
-        if result.verdict in ("error", "not_started") and SERVER_KILLED not in result.stderr:
+        # a run that killed its own box's fork server (SERVER_ENDED) did it itself: judged below, 0
+        if result.verdict in ("error", "not_started") and SERVER_ENDED not in result.stderr:
             log.warning("code_tests: sandbox failed: %s", result.stderr[-300:])
             # the sandbox's fault, not the completion's: not judged
             return not_judged(f"sandbox failed: {result.stderr.strip()[-200:]}")
