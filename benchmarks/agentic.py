@@ -12,10 +12,13 @@ Sections (each ratio is against a baseline measured in the same run, same model,
    reference turns (the model still samples each turn, then the scripted turn is played, as in
    ``tests/integration/multiturn_worker.py``), time inside environment calls (box acquire, start
    files, commands, end-state read-out) over the step's wall time.
+4. A long episode: 500 turns through one sandbox session (``--long-turns``), turn latency and the
+   verifier's memory at turns 10, 100 and 500; baseline: the session recording every step whole,
+   as episodes did before (a turn in five prints 900 KB). ``--only long`` runs just this section.
 
 The model is random (``init_tiny``, ``--hidden``/``--layers`` to scale it): speeds are real, the
 text is noise. The machine is shared (2 cores): run it alone. Run:
-.venv/bin/python benchmarks/agentic.py [--quick]
+.venv/bin/python benchmarks/agentic.py [--quick] [--only long]
 """
 
 from __future__ import annotations
@@ -152,6 +155,50 @@ def bench_pool(concurrencies: list[int], episodes: int) -> None:
             "baseline" if c == concurrencies[0] else f"{rate / base:.2f}x")
 
 
+def bench_long_episode(turns: int, marks: tuple[int, ...] = (10, 100, 500)) -> None:
+    """One ``turns``-turn files episode through one session: turn latency (median of the 9 turns around
+    each mark) and the verifier's RSS at each mark; a turn in five prints 900 KB (under the output cap).
+    Baseline: the same episode with the session recording every step, as episodes did before."""
+    import psutil
+
+    from infra.sandbox import SandboxPool, Session
+    from temper.agent.environment import EpisodeLimits
+    from temper.agent.files import FilesEnvironment
+
+    def turn(i: int) -> str:
+        if i % 5 == 4:
+            return "<bash>head -c 900000 /dev/zero | tr '\\0' y</bash>"
+        return f"<bash>echo {i} >> log.txt; tail -1 log.txt</bash>" if i % 2 else f'<write path="f{i % 9}">{i}</write>'
+
+    class Recording(FilesEnvironment):  # the old behaviour: every step kept whole in session.steps
+        def _start(self, record):
+            text = super()._start(record)
+            self.session = Session(self.session.box, self.session.limits)
+            return text
+
+    me = psutil.Process()
+    marks = tuple(m for m in marks if m <= turns)
+    with SandboxPool("shell", size=1) as pool:
+        for label, cls in (("session recording every step (before)", Recording), ("episode session (now)",
+                                                                                  FilesEnvironment)):
+            env = cls(EpisodeLimits(max_turns=turns + 1, budget_s=3600, step_timeout_s=10), pool=pool)
+            env.reset(instruction="", start_files="{}")
+            rss0, took, seen = me.memory_info().rss, [], {}
+            for i in range(1, turns + 1):
+                t0 = time.perf_counter()
+                env.step(turn(i))
+                took.append(time.perf_counter() - t0)
+                if i in marks:
+                    around = [t for j, t in enumerate(took[max(0, i - 9):i], max(1, i - 8)) if j % 5 != 4]
+                    seen[i] = (statistics.median(around) * 1e3, (me.memory_info().rss - rss0) / 2**20)
+            env.close()
+            first = seen[marks[0]][0]
+            for m in marks:
+                row("4. long episode", f"{label}: turn {m}",
+                    f"{seen[m][0]:.0f} ms/turn, verifier RSS +{seen[m][1]:.0f} MB",
+                    f"{seen[m][0] / first:.2f}x turn {marks[0]}'s latency")
+
+
 def bench_sandbox_share(model_dir: str, steps: int, tmp: str, engine: bool) -> None:
     from temper.data.catalog import load_catalog
     from temper.training.multiturn import MultiTurnRollout, episode_reward
@@ -217,10 +264,15 @@ def main() -> None:
     parser.add_argument("--hidden", type=int, default=128)
     parser.add_argument("--layers", type=int, default=4)
     parser.add_argument("--completion", type=int, default=48, help="max_completion_length of section 1")
+    parser.add_argument("--long-turns", type=int, default=500, help="turns of section 4's episode")
+    parser.add_argument("--only", choices=["long"], help="run only this section")
     args = parser.parse_args()
     from temper.training.tiny import init_tiny
 
     steps = 3 if args.quick else 6
+    if args.only == "long":
+        bench_long_episode(args.long_turns)
+        return _table()
     with tempfile.TemporaryDirectory() as tmp:
         model_dir = str(init_tiny(Path(tmp) / "model", hidden=args.hidden, layers=args.layers, max_positions=2048))
         print(f"model: tiny Llama hidden={args.hidden} layers={args.layers}; {steps} GRPO steps per variant "
@@ -229,6 +281,11 @@ def main() -> None:
         bench_pool([1, 4, 16], 16 if args.quick else 48)
         bench_sandbox_share(model_dir, steps, tmp, engine=False)
         bench_sandbox_share(model_dir, steps, tmp, engine=True)
+    bench_long_episode(args.long_turns)
+    _table()
+
+
+def _table() -> None:
     print("\n| section | what | measured | vs baseline |\n|---|---|---|---|")
     for r in ROWS:
         print("| " + " | ".join(r) + " |")

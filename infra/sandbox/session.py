@@ -45,12 +45,19 @@ class Step:
 
 @dataclass
 class Session:
-    """Wraps a leased box. ``limits`` are per step (wall, CPU, memory ... of each command)."""
+    """Wraps a leased box. ``limits`` are per step (wall, CPU, memory ... of each command).
+
+    ``record``: keep every step's action and whole observation in ``steps`` (for ``save``/``replay``).
+    An agent episode passes False: it keeps its own trajectory with observations cut to the domain's
+    size, and a recorded step holds up to ``Limits.output_bytes`` of output, so 500 turns of near-cap
+    output would hold ~500 MB in the verifier's memory (seen: its RSS grew by 470 MB over such an episode).
+    """
 
     box: Box
     limits: Limits
     shell: ShellState = field(default_factory=ShellState)
     steps: list[Step] = field(default_factory=list)
+    record: bool = True
 
     def run(self, command: str, timeout: float | None = None, stdin: bytes | None = None) -> Result:
         """Run a bash command string in the session's shell state; record it."""
@@ -75,8 +82,9 @@ class Session:
 
     def write_files(self, files: Mapping[str, str | bytes]) -> None:
         self.box.write_files(files)
-        enc = {k: base64.b64encode(v.encode() if isinstance(v, str) else v).decode() for k, v in files.items()}
-        self.steps.append(Step({"kind": "write", "files_b64": enc}, {}))
+        if self.record:
+            enc = {k: base64.b64encode(v.encode() if isinstance(v, str) else v).decode() for k, v in files.items()}
+            self.steps.append(Step({"kind": "write", "files_b64": enc}, {}))
 
     def read_file(self, path: str) -> bytes:
         return self.box.read_file(path)
@@ -87,10 +95,12 @@ class Session:
     def restore(self, snap: Snapshot) -> None:
         self.box.restore(snap.archive)
         self.shell = ShellState(snap.shell.cwd, snap.shell.exports)
-        self.steps.append(Step({"kind": "restore"}, {}))
+        if self.record:
+            self.steps.append(Step({"kind": "restore"}, {}))
 
     def _record(self, action: dict[str, Any], result: Result) -> None:
-        self.steps.append(Step(action, result.model_dump(include={"stdout", "stderr", "exit_code", "verdict"})))
+        if self.record:
+            self.steps.append(Step(action, result.model_dump(include={"stdout", "stderr", "exit_code", "verdict"})))
 
     # -- record / replay -----------------------------------------------------------------------------
     def save(self, path: str | Path) -> None:

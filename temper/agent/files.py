@@ -72,7 +72,8 @@ class FilesEnvironment(EpisodeEnvironment):
     def _start(self, record: dict[str, Any]) -> str:
         start = json.loads(record["start_files"])
         limits = self.pool.profile.limits.merged(wall_s=self.limits.step_timeout_s)
-        self.session = Session(self.pool.acquire(timeout=self.queue_timeout_s), limits)
+        # record=False: the episode keeps its own trajectory (observations cut to the domain's size)
+        self.session = Session(self.pool.acquire(timeout=self.queue_timeout_s), limits, record=False)
         if start:
             self.session.write_files(start)
         return record["instruction"]

@@ -309,10 +309,18 @@ class Kubelet:
             if entry in ("dev", "proc") or not (path.is_dir() or path.is_symlink()):
                 continue
             argv += ["--symlink", os.readlink(path), str(path)] if path.is_symlink() else ["--dev-bind", str(path), str(path)]
-        for target, source in self._image(c).binds.items():
+        binds = self._image(c).binds
+        for target, source in binds.items():
             argv += ["--bind", source, target]
-        for source, target, ro in self._mounts(pod, c, run):
+        mounts = self._mounts(pod, c, run)
+        for source, target, ro in mounts:
             argv += ["--ro-bind" if ro else "--bind", source, target]
+        # An image's files also keep the paths they were built at, as in a real image: a venv's scripts
+        # name their interpreter by that path. A volume over one of them (the pods' /tmp emptyDir over a
+        # checkout under /tmp) must not hide it, or `accelerate` fails with "No such file or directory".
+        for source in binds.values():
+            if any(Path(source).is_relative_to(target) for _, target, _ in mounts):
+                argv += ["--bind", source, source]
         argv += ["--ro-bind", str(self.hosts_file), "/etc/hosts"]
         return argv
 
