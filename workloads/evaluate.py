@@ -22,8 +22,8 @@ import asyncio
 import json
 import sys
 import time
-from collections.abc import Iterable, Iterator
 from collections import Counter
+from collections.abc import Iterable, Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
@@ -33,6 +33,7 @@ from tqdm import tqdm
 from infra.sandbox.pool import close_shared, shared_pool
 from infra.storage import join, local_folder, write_bytes_atomic
 from temper.agent.greedy_episodes import play_episodes
+from temper.agent.kinds import ENVIRONMENTS
 from temper.core.chat import chat_prompt
 from temper.core.settings import get_settings
 from temper.data.catalog import load_catalog, select_domains
@@ -236,7 +237,7 @@ def _play(produce, domain, verifier, records: list[dict], prompts: list[str]) ->
     kind = domain.verifier.params.get("env", "files")
     return play_episodes(verifier.environment, kind, domain.name, records, prompts, produce,
                          int(domain.verifier.params.get("turn_tokens", 64)),
-                         wave=shared_pool("shell").size if kind == "files" else 64)
+                         wave=shared_pool("shell").size if ENVIRONMENTS[kind].holds_box else 64)
 
 
 def _evaluate(produce, model_dir: str, domain, limit: int, max_new_tokens: int, keep_samples: int,

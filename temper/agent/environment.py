@@ -181,6 +181,9 @@ class EpisodeEnvironment:
 
     name: ClassVar[str]
     kinds: ClassVar[tuple[ActionKind, ...]]
+    # An episode holds a box of the "shell" pool from reset to get_reward: callers running episodes side
+    # by side (GRPO's rollout, eval's waves) size that pool, or the wave, to the episodes they run.
+    holds_box: ClassVar[bool] = False
 
     def __init__(self, limits: EpisodeLimits | None = None) -> None:
         self.limits = limits or EpisodeLimits()

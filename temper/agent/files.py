@@ -56,6 +56,7 @@ class FilesEnvironment(EpisodeEnvironment):
     file writes run in one sandbox session, reward when the work dir holds exactly ``end_files``."""
 
     name = "files"
+    holds_box = True
     kinds = ("bash", "write", "done")
 
     def __init__(self, limits: EpisodeLimits | None = None, pool: Any = None, queue_timeout_s: float = 60.0) -> None:

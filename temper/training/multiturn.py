@@ -44,6 +44,7 @@ import torch
 from infra.sandbox import SandboxPool
 from temper.agent import trajectories
 from temper.agent.environment import ENDINGS, FAILURE_OUTCOMES, EpisodeEnvironment, observation_block
+from temper.agent.kinds import ENVIRONMENTS
 from temper.data.domain import Domain
 from temper.training.engine_rollouts import PolicyEngine
 from temper.verifiers.registry import get_verifier
@@ -281,7 +282,7 @@ class MultiTurnRollout:
         rank (grown when a rollout holds more), unless the caller gave the domain its own kwargs."""
         if name in self.environment_kwargs:
             return self.environment_kwargs[name]
-        if self.domains[name].verifier.params.get("env", "files") != "files":
+        if not ENVIRONMENTS[self.domains[name].verifier.params.get("env", "files")].holds_box:
             return {}
         need = len(prompts)
         pool = getattr(self, "_pool", None)

@@ -1,4 +1,4 @@
-"""Long episodes stay bounded: 500 turns through one sandbox session of the warm pool.
+"""Long episodes stay bounded and replay: 500 turns through one sandbox session of the warm pool.
 
 The scripted policy mixes what an agent does over a long task (append to a log, export a variable,
 write files, list and count, print near the output cap every fifth turn). Over the episode: the
@@ -6,7 +6,7 @@ verifier process (this one) keeps its file descriptors, child processes and memo
 session step holds up to 1 MB of output: an episode must not keep them); turn latency late in the
 episode is within 1.5x of early; the box's limits still hold at the end (a file over ``fsize_mb``
 is cut, a fork bomb meets ``nproc``), and the session is intact after them (the shell state and
-every file the policy wrote are there).
+every file the policy wrote are there). The recorded 500-turn trajectory replays equal, turn by turn.
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ import pytest
 
 from infra.sandbox import SandboxPool
 from infra.sandbox.bwrap import bwrap_available
+from temper.agent import trajectories
 from temper.agent.environment import EpisodeLimits
 from temper.agent.files import FilesEnvironment
 
@@ -40,6 +41,7 @@ def policy(i: int) -> str:
 
 
 FORKS = """import os, time
+NPROC = 128  # the shell profile's limit
 n = 0
 try:
     while n < 1000:
@@ -47,8 +49,8 @@ try:
             time.sleep(5)
             os._exit(0)
         n += 1
-except OSError as e:
-    print("stopped at", n, e.strerror)
+except OSError:
+    print("stopped below nproc" if n < NPROC else "not stopped", flush=True)
 """
 
 
@@ -56,38 +58,89 @@ def _fds() -> int:
     return len(os.listdir("/proc/self/fd"))
 
 
-def test_a_500_turn_episode_keeps_the_verifier_and_the_box_bounded():
+PROBES = [  # the episode's last turns: the box's limits hold after 495 turns, and its state is intact
+    "<bash>head -c 100M /dev/zero > big.bin; echo rc=$?; stat -c %s big.bin</bash>",
+    f'<write path="forks.py">{FORKS}</write>',
+    "<bash>python3 forks.py</bash>",
+    "<bash>echo $LAST; ls notes | wc -l; wc -l < log.txt</bash>",
+]
+
+
+def test_a_500_turn_episode_stays_bounded_and_replays_equal():
     record = {"instruction": "keep notes", "start_files": json.dumps({"README": "start\n"}),
               "end_files": json.dumps({})}
-    limits = EpisodeLimits(max_turns=TURNS + 10, budget_s=3600, step_timeout_s=10, max_observation_chars=300)
+    limits = EpisodeLimits(max_turns=TURNS, budget_s=3600, step_timeout_s=10, max_observation_chars=300)
+    turns = [policy(i) for i in range(TURNS - len(PROBES))] + PROBES
     me = psutil.Process()
     with SandboxPool("shell", size=1) as pool:
         env = FilesEnvironment(limits, pool=pool)
         env.reset(**record)
-        env.step(policy(0))  # warm: the first run of each kind
+        env.step(turns[0])  # warm: the first run of each kind
         fds, children, rss = _fds(), len(me.children(recursive=True)), me.memory_info().rss
         took = []
-        for i in range(1, TURNS):
+        for text in turns[1:]:
             start = time.perf_counter()
-            observation = env.step(policy(i))
+            observation = env.step(text)
             took.append(time.perf_counter() - start)
-            assert not env.finished, (i, env.outcome, observation)
+            assert env.outcome == "running" or len(took) == TURNS - 1, (len(took), env.outcome, observation)
+        assert env.outcome == "max_turns" and env.turns == TURNS
         grown_mb = (me.memory_info().rss - rss) / 2**20
-        assert _fds() == fds and len(me.children(recursive=True)) == children
+        assert _fds() <= fds and len(me.children(recursive=True)) <= children  # nothing leaked
         assert grown_mb < 40, f"the verifier grew by {grown_mb:.0f} MB over {TURNS} turns"
         early = statistics.median(t for i, t in enumerate(took[:60], 1) if i % 5 != 4)
-        late = statistics.median(t for i, t in enumerate(took[-60:], TURNS - 60) if i % 5 != 4)
+        late = statistics.median(t for i, t in enumerate(took[-64:-4], TURNS - 64) if i % 5 != 4)
         assert late <= 1.5 * early + 0.01, f"turn latency {early * 1e3:.0f} ms early, {late * 1e3:.0f} ms late"
 
-        # the box's limits hold at the end of the episode, and the episode goes on after them
-        observation = env.step("<bash>head -c 100M /dev/zero > big.bin; echo rc=$?; stat -c %s big.bin</bash>")
-        assert "rc=" in observation and "104857600" not in observation, observation
-        env.step(f'<write path="forks.py">{FORKS}</write>')
-        observation = env.step("<bash>python3 forks.py</bash>")
-        assert not env.finished and observation.startswith("stopped at "), observation
-        assert int(observation.split()[2]) < pool.profile.limits.nproc, observation
-        observation = env.step("<bash>echo $LAST; ls notes | wc -l; wc -l < log.txt</bash>")
-        appends = [i for i in range(TURNS) if i % 3 == 0 and i % 5 != 4]
-        notes = {i % 25 for i in range(TURNS) if i % 3 == 1 and i % 5 != 4}
-        assert observation.split()[:3] == [str(appends[-1]), str(len(notes)), str(len(appends))], observation
+        big, _, forks, state = [t["observation"] for t in env.trajectory[-4:]]
+        assert "rc=1" in big and str(pool.profile.limits.fsize_mb << 20) in big, big  # cut at fsize_mb
+        assert forks.startswith("stopped below nproc"), forks
+        appends = [i for i in range(TURNS - len(PROBES)) if i % 3 == 0 and i % 5 != 4]
+        notes = {i % 25 for i in range(TURNS - len(PROBES)) if i % 3 == 1 and i % 5 != 4}
+        assert state.split()[:3] == [str(appends[-1]), str(len(notes)), str(len(appends))], state
+        episode = trajectories.trajectory("files", limits, record, env, env.get_reward())
         env.close()
+
+        again = trajectories.replay(episode, pool=pool)  # every observation and the ending, turn by turn
+        assert again.equal, again.differences[:5]
+
+
+def test_a_200_turn_episode_inside_a_grpo_step_keeps_its_masks_and_gives_its_box_back(tiny_model, tmp_path):
+    """GRPO's own rollout (TRL's trainer, the tiny model, the real sandbox; the turns scripted so the episode
+    lasts): a group of two 200-turn episodes, one reaching the end state. Every turn and observation is laid
+    end to end with the right mask, the reward reaches the advantages, the boxes go back to the pool and the
+    verifier keeps its fds and children over the step."""
+    import torch
+
+    from temper.data.catalog import load_catalog
+    from tests.conftest import REPO
+    from tests.integration.test_multiturn_grpo import ScriptedRollout, trainer_for
+
+    n = 200
+    domain = load_catalog(REPO / "domains")["file_tasks"]
+    domain = domain.model_copy(update={"verifier": domain.verifier.model_copy(
+        update={"params": {**domain.verifier.params, "max_turns": n, "budget_s": 600}})})
+    record = {"instruction": "append the numbers 1 to 199 to file l, one per line", "start_files": "{}",
+              "end_files": json.dumps({"l": "".join(f"{i}\n" for i in range(1, n))})}
+    rows = [{"prompt": domain.render_prompt(record), "domain": domain.name, "record": json.dumps(record)}]
+    solves = [f"<bash>echo {i} >>l</bash>" for i in range(1, n)] + ["<done/>"]  # short: the tokenizer is per byte
+    misses = solves[:100] + [f"<bash>echo {i} >>m</bash>" for i in range(101, n)] + ["<done/>"]
+    me = psutil.Process()
+    with SandboxPool("shell", size=2, spare=0) as pool:
+        rollout = ScriptedRollout([domain], rows, max_turn_tokens=40, scripts=[solves, misses],
+                                  environment_kwargs={"file_tasks": {"pool": pool}})
+        trainer = trainer_for(tiny_model(max_positions=16_384), rows, rollout, tmp_path,
+                              max_completion_length=14_000)
+        batch = next(iter(trainer.get_train_dataloader()))
+        fds, children = _fds(), len(me.children(recursive=True))
+        out = trainer._generate_and_score_completions(batch)
+        episodes = rollout.last_episodes
+        assert [e["turns"] for e in episodes] == [n, n] and [e["outcome"] for e in episodes] == ["done", "done"]
+        assert [e["reward"] for e in episodes] == [1.0, 0.0], [e["trajectory"][:2] for e in episodes]
+        for i, e in enumerate(episodes):
+            mask = e["mask"]
+            runs = sum(1 for a, b in zip([0] + mask, mask) if b == 1 and a == 0)  # blocks of model tokens
+            assert runs == n and out["tool_mask"][i, : len(mask)].tolist() == mask
+        assert out["advantages"].abs().min() > 0
+        assert torch.isfinite(trainer.compute_loss(trainer.model, out))
+        assert _fds() <= fds and len(me.children(recursive=True)) <= children  # nothing leaked
+        assert pool._idle.qsize() == pool.size  # both boxes back, wiped

@@ -318,9 +318,11 @@ class Kubelet:
         # An image's files also keep the paths they were built at, as in a real image: a venv's scripts
         # name their interpreter by that path. A volume over one of them (the pods' /tmp emptyDir over a
         # checkout under /tmp) must not hide it, or `accelerate` fails with "No such file or directory".
+        # Read-only: what a pod does to its volume (a sandbox pod empties its /tmp between runs) must
+        # never reach this machine's checkout through it (seen: a read-write bind here lost the checkout).
         for source in binds.values():
             if any(Path(source).is_relative_to(target) for _, target, _ in mounts):
-                argv += ["--bind", source, source]
+                argv += ["--ro-bind", source, source]
         argv += ["--ro-bind", str(self.hosts_file), "/etc/hosts"]
         return argv
 
