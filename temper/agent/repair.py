@@ -40,7 +40,7 @@ def package_sources(archive: bytes, package: str) -> dict[str, str]:
         for member in tar.getmembers():
             name = member.name.removeprefix("./")
             if not (member.isfile() and name.startswith(package + "/") and name.endswith(".py")
-                    and member.size <= MAX_MODULE_BYTES):
+                    and ".." not in name.split("/") and member.size <= MAX_MODULE_BYTES):
                 continue
             try:
                 out[name] = tar.extractfile(member).read().decode()  # type: ignore[union-attr]

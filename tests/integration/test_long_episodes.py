@@ -1,4 +1,5 @@
-"""Long episodes stay bounded and replay: 500 turns through one sandbox session of the warm pool.
+"""Long episodes stay bounded and replay: 500 turns through one sandbox session (the warm pool's bubblewrap
+box, and a sandbox pod on the stand-in cluster), and 200-turn episodes inside a GRPO step.
 
 The scripted policy mixes what an agent does over a long task (append to a log, export a variable,
 write files, list and count, print near the output cap every fifth turn). Over the episode: the
@@ -44,9 +45,9 @@ FORKS = """import os, time
 NPROC = 128  # the shell profile's limit
 n = 0
 try:
-    while n < 1000:
+    while n < 300:
         if os.fork() == 0:
-            time.sleep(5)
+            time.sleep(2)
             os._exit(0)
         n += 1
 except OSError:
@@ -66,13 +67,33 @@ PROBES = [  # the episode's last turns: the box's limits hold after 495 turns, a
 ]
 
 
-def test_a_500_turn_episode_stays_bounded_and_replays_equal():
+def _backend(kind: str, request):
+    """None: the local warm pool's bubblewrap boxes; "kubernetes": sandbox pods on the stand-in cluster."""
+    if kind == "warm_pool":
+        return None
+    from infra.k8s.api import ClusterApi
+    from infra.k8s.options import KubernetesOptions
+    from infra.sandbox.kubernetes import KubernetesBackend
+
+    cluster = request.getfixturevalue("k8s_cluster")
+    cluster.create_namespace("temper", service_accounts=())
+    opts = KubernetesOptions(namespace="temper", priority_class=None, sandbox_priority_class=None, s3_secret=None,
+                             poll_interval_s=0.2, sandbox_start_timeout_s=30, sandbox_lifetime_s=600)
+    return KubernetesBackend(ClusterApi(cluster.api_client), opts, poll_s=0.1)
+
+
+@pytest.mark.parametrize("kind", ["warm_pool", "kubernetes"])
+def test_a_500_turn_episode_stays_bounded_and_replays_equal(kind, request):
+    """Both backends: bounded verifier, flat latency, limits, intact state. The warm pool's episode is also
+    replayed (``temper replay`` replays on it); the stand-in's sandbox pod runs as root, where RLIMIT_NPROC
+    does not bind, so its process-limit probe is reported, not asserted (a real cluster runs the pod as
+    a non-root user, ``infra/k8s/manifests.py``)."""
     record = {"instruction": "keep notes", "start_files": json.dumps({"README": "start\n"}),
               "end_files": json.dumps({})}
     limits = EpisodeLimits(max_turns=TURNS, budget_s=3600, step_timeout_s=10, max_observation_chars=300)
     turns = [policy(i) for i in range(TURNS - len(PROBES))] + PROBES
     me = psutil.Process()
-    with SandboxPool("shell", size=1) as pool:
+    with SandboxPool("shell", size=1, spare=0, backend=_backend(kind, request)) as pool:
         env = FilesEnvironment(limits, pool=pool)
         env.reset(**record)
         env.step(turns[0])  # warm: the first run of each kind
@@ -85,23 +106,28 @@ def test_a_500_turn_episode_stays_bounded_and_replays_equal():
             assert env.outcome == "running" or len(took) == TURNS - 1, (len(took), env.outcome, observation)
         assert env.outcome == "max_turns" and env.turns == TURNS
         grown_mb = (me.memory_info().rss - rss) / 2**20
-        assert _fds() <= fds and len(me.children(recursive=True)) <= children  # nothing leaked
+        # a leak would add one per turn; the stand-in's API server lives in this process and its accepted
+        # sockets come and go (measured: 12 to 31 over 500 turns, no trend), so the bound is a tenth of the turns
+        assert _fds() - fds < TURNS // 10 and len(me.children(recursive=True)) <= children
         assert grown_mb < 40, f"the verifier grew by {grown_mb:.0f} MB over {TURNS} turns"
         early = statistics.median(t for i, t in enumerate(took[:60], 1) if i % 5 != 4)
         late = statistics.median(t for i, t in enumerate(took[-64:-4], TURNS - 64) if i % 5 != 4)
         assert late <= 1.5 * early + 0.01, f"turn latency {early * 1e3:.0f} ms early, {late * 1e3:.0f} ms late"
 
         big, _, forks, state = [t["observation"] for t in env.trajectory[-4:]]
-        assert "rc=1" in big and str(pool.profile.limits.fsize_mb << 20) in big, big  # cut at fsize_mb
-        assert forks.startswith("stopped below nproc"), forks
+        assert big.split("\n")[1] == str(pool.profile.limits.fsize_mb << 20) and "rc=0" not in big, big  # cut
+        if kind == "warm_pool":
+            assert forks.startswith("stopped below nproc"), forks
+        else:
+            print(f"stand-in sandbox pod, {pool.profile.limits.nproc} processes asked: {forks!r}")
         appends = [i for i in range(TURNS - len(PROBES)) if i % 3 == 0 and i % 5 != 4]
         notes = {i % 25 for i in range(TURNS - len(PROBES)) if i % 3 == 1 and i % 5 != 4}
         assert state.split()[:3] == [str(appends[-1]), str(len(notes)), str(len(appends))], state
         episode = trajectories.trajectory("files", limits, record, env, env.get_reward())
         env.close()
-
-        again = trajectories.replay(episode, pool=pool)  # every observation and the ending, turn by turn
-        assert again.equal, again.differences[:5]
+        if kind == "warm_pool":
+            again = trajectories.replay(episode, pool=pool)  # every observation and the ending, turn by turn
+            assert again.equal, again.differences[:5]
 
 
 def test_a_200_turn_episode_inside_a_grpo_step_keeps_its_masks_and_gives_its_box_back(tiny_model, tmp_path):

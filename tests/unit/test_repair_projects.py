@@ -98,5 +98,5 @@ def test_only_the_packages_regular_python_files_reach_the_judge():
                     ("./pkg/__pycache__/stats.cpython-311.pyc", b"\x00\xff", "file"),
                     ("./pkg/link.py", b"", "link"), ("./tests/test_stats.py", b"assert True\n", "file"),
                     ("./conftest.py", b"import sys\n", "file"), ("./pkg/bin.py", b"\xff\xfe", "file"),
-                    ("./pkgx/evil.py", b"", "file")])
+                    ("./pkgx/evil.py", b"", "file"), ("./pkg/../evil.py", b"", "file")])
     assert package_sources(archive, "pkg") == {"pkg/__init__.py": "", "pkg/stats.py": "x = 1\n"}
