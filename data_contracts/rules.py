@@ -105,13 +105,18 @@ def json_state_differs(value: Any, other: Any) -> bool:
         return False
 
 
+def _json_or_none(value: Any) -> Any:
+    """The parsed JSON, or None when the value is not JSON text (None never passes the rules using it)."""
+    try:
+        return json.loads(value)
+    except (TypeError, ValueError):
+        return None
+
+
 @rule("hidden_cases")
 def hidden_cases(value: Any, _other: Any = None) -> bool:
     """Repair tasks' judge: a non-empty JSON list of {module, function, args (a list), expect}."""
-    try:
-        cases = json.loads(value)
-    except (TypeError, ValueError):
-        return False
+    cases = _json_or_none(value)
     return (isinstance(cases, list) and bool(cases)
             and all(isinstance(c, dict) and set(c) == {"module", "function", "args", "expect"}
                     and isinstance(c["module"], str) and isinstance(c["function"], str)
@@ -122,10 +127,7 @@ def hidden_cases(value: Any, _other: Any = None) -> bool:
 def project_files(value: Any, package: Any) -> bool:
     """Repair tasks' start tree: JSON {relative path: text} with the package's __init__.py, run_tests.py and a
     tests/test_*.py; no absolute path and no '..' (the tree is written into the sandbox's work dir)."""
-    try:
-        files = json.loads(value)
-    except (TypeError, ValueError):
-        return False
+    files = _json_or_none(value)
     if not (isinstance(files, dict) and isinstance(package, str) and package.isidentifier()):
         return False
     paths = list(files)

@@ -72,19 +72,17 @@ def main():
         ctypes.CDLL(None).prctl(4, 0, 0, 0, 0)  # PR_SET_DUMPABLE 0
     except Exception:
         pass
-    req_r, req_w = os.pipe()
-    ans_r, ans_w = os.pipe()
+    (req_r, req_w), (ans_r, ans_w) = os.pipe(), os.pipe()
     sys.stdout.flush()
     pid = os.fork()
-    if pid == 0:
-        os.close(req_w)
-        os.close(ans_r)
+    child = pid == 0
+    for fd in (req_w, ans_r) if child else (req_r, ans_w):  # each side keeps the ends it uses
+        os.close(fd)
+    if child:
         try:
             answer_calls(package, os.fdopen(req_r), os.fdopen(ans_w, "w"))
         finally:
             os._exit(0)
-    os.close(req_r)
-    os.close(ans_w)
     with open(CASES_FILE) as f:
         cases = json.load(f)
     os.unlink(CASES_FILE)

@@ -1,7 +1,7 @@
 """Repository-repair tasks: a small generated Python project with injected bugs, visible and hidden tests.
 
-A record is one project (``temper.data.repair_projects``): ``modules`` modules of a package with
-``bugs`` injected slips of stated kinds (off-by-one, wrong operator, missing case, wrong import,
+A record is one project (the module templates of ``temper.data.repair_projects``): ``modules`` modules
+of a package with ``bugs`` injected slips of stated kinds (off-by-one, wrong operator, missing case, wrong import,
 broken edge case), each in a different function; the modules without a bug are distractors. The
 agent sees the package, ``tests/`` and ``run_tests.py`` (``start_files``); it is judged by
 ``hidden_tests``: every function of the package called on its edge inputs and on random inputs drawn
@@ -26,7 +26,7 @@ import pandas as pd
 
 from temper.agent.environment import ACTION_HELP
 from temper.agent.repair_harness import same
-from temper.data.repair_projects import MODULES, PACKAGES, Bug, ModuleTemplate, call, load_project, module_source
+from temper.data.repair_projects import PACKAGES, Bug, ModuleTemplate, call, load_project, module_source, templates
 
 VISIBLE_DRAWS = 1  # random inputs per function in the visible tests (besides its edges)
 HIDDEN_DRAWS = 4  # in the hidden cases, drawn apart from the visible ones
@@ -88,15 +88,16 @@ def _fails_hidden(want: Any, got: tuple[bool, Any]) -> bool:
 
 
 def _project_modules(rng: random.Random, count: int, cross_module: bool) -> list[ModuleTemplate]:
-    names = [n for n in MODULES if not MODULES[n].needs]
-    chosen = ["report", *MODULES["report"].needs] if cross_module else []
+    modules = templates()
+    names = [n for n in modules if not modules[n].needs]
+    chosen = ["report", *modules["report"].needs] if cross_module else []
     rng.shuffle(names)
     for name in names:
         if len(chosen) >= count:
             break
         if name not in chosen:
             chosen.append(name)
-    return [MODULES[n] for n in sorted(chosen)]
+    return [modules[n] for n in sorted(chosen)]
 
 
 def _test_file(package: str, template: ModuleTemplate, cases: dict[str, list[tuple]], expected: dict) -> str:
@@ -115,7 +116,7 @@ def _draw_distinct(rng: random.Random, template: ModuleTemplate, function: str, 
     for _ in range(20 * n):
         if len(out) == n:
             break
-        args = template.functions[function].draw(rng)
+        args = template.functions[function].args(rng)
         key = json.dumps(args)
         if key not in avoid:
             avoid.add(key)
@@ -126,8 +127,8 @@ def _draw_distinct(rng: random.Random, template: ModuleTemplate, function: str, 
 def make_project(rng: random.Random, modules: int, bugs: int, cross_module: bool) -> dict[str, Any] | None:
     """One record's fields, or None when this draw's bugs are not each caught by both suites."""
     package = rng.choice(PACKAGES)
-    templates = _project_modules(rng, modules, cross_module)
-    candidates = [b for t in templates for b in t.bugs]
+    project = _project_modules(rng, modules, cross_module)
+    candidates = [b for t in project for b in t.bugs]
     if cross_module:  # the tier's point: a wrong import is one of the bugs
         imports = [b for b in candidates if b.kind == "wrong_import"]
         picked = [rng.choice(imports)]
@@ -140,34 +141,34 @@ def make_project(rng: random.Random, modules: int, bugs: int, cross_module: bool
             picked.append(bug)
     if len(picked) < bugs:
         return None
-    owner = {id(b): t.name for t in templates for b in t.bugs}
+    owner = {id(b): t.name for t in project for b in t.bugs}
     by_module: dict[str, tuple[Bug, ...]] = {t.name: tuple(b for b in picked if owner[id(b)] == t.name)
-                                             for t in templates}
-    correct = {t.name: module_source(t, package) for t in templates}
+                                             for t in project}
+    correct = {t.name: module_source(t, package) for t in project}
     good = load_project(package, correct)
 
     visible: dict[str, dict[str, list[tuple]]] = {}
     hidden: list[tuple[str, str, tuple]] = []
-    for t in templates:
+    for t in project:
         visible[t.name] = {}
         for function in t.functions:
-            seen = {json.dumps(e) for e in t.functions[function].edges}
-            edges = list(t.functions[function].edges)
+            edges = t.functions[function].edge_args
+            seen = {json.dumps(e) for e in edges}
             visible[t.name][function] = edges + _draw_distinct(rng, t, function, seen, VISIBLE_DRAWS)
             hidden += [(t.name, function, a) for a in edges + _draw_distinct(rng, t, function, seen, HIDDEN_DRAWS)]
     shown = [(m, f, a) for m in visible for f in visible[m] for a in visible[m][f]]
     expected = {_key(*c): _outcome(good, *c)[1] for c in shown + hidden}
 
     for bug in picked:  # each bug alone must be caught by a visible test and by a hidden case
-        alone = load_project(package, {**correct, owner[id(bug)]: module_source(MODULES[owner[id(bug)]], package,
-                                                                                  (bug,))})
+        module = owner[id(bug)]
+        alone = load_project(package, {**correct, module: module_source(templates()[module], package, (bug,))})
         if not (any(_fails_visible(expected[_key(*c)], _outcome(alone, *c)) for c in shown)
                 and any(_fails_hidden(expected[_key(*c)], _outcome(alone, *c)) for c in hidden)):
             return None
-    sources = {t.name: module_source(t, package, by_module[t.name]) for t in templates}
+    sources = {t.name: module_source(t, package, by_module[t.name]) for t in project}
     files = {f"{package}/__init__.py": f'"""{package}: small utilities."""\n', "run_tests.py": RUN_TESTS}
     files |= {f"{package}/{name}.py": text for name, text in sources.items()}
-    files |= {f"tests/test_{t.name}.py": _test_file(package, t, visible[t.name], expected) for t in templates}
+    files |= {f"tests/test_{t.name}.py": _test_file(package, t, visible[t.name], expected) for t in project}
     fixes = [name for name in sorted(sources) if by_module[name]]
     turns = ["<bash>python3 run_tests.py</bash>"]
     for name in fixes:
@@ -182,16 +183,16 @@ def make_project(rng: random.Random, modules: int, bugs: int, cross_module: bool
     return {"instruction": instruction, "package": package, "start_files": json.dumps(files, sort_keys=True),
             "hidden_tests": json.dumps(cases), "reference": json.dumps(turns),
             "bugs": json.dumps([{"module": owner[id(b)], "function": b.function, "kind": b.kind} for b in picked]),
-            "modules": len(templates), "bug_count": len(picked)}
+            "modules": len(project), "bug_count": len(picked)}
 
 
 def repair_tasks(rows: int, seed: int = 0, eval_fraction: float = 0.1, modules: int = 2, bugs: int = 1,
                  cross_module: bool = False) -> pd.DataFrame:
-    if not 1 <= bugs <= modules <= len(MODULES) - (0 if cross_module else 1):
-        raise ValueError(f"repair_tasks: need 1 <= bugs ({bugs}) <= modules ({modules}) <= "
-                         f"{len(MODULES) - (0 if cross_module else 1)}")
-    if cross_module and modules < 1 + len(MODULES["report"].needs):
-        raise ValueError(f"repair_tasks: cross_module needs modules >= {1 + len(MODULES['report'].needs)}")
+    most = len(templates()) - (0 if cross_module else 1)  # the module that imports others only with cross_module
+    if not 1 <= bugs <= modules <= most:
+        raise ValueError(f"repair_tasks: need 1 <= bugs ({bugs}) <= modules ({modules}) <= {most}")
+    if cross_module and modules < 1 + len(templates()["report"].needs):
+        raise ValueError(f"repair_tasks: cross_module needs modules >= {1 + len(templates()['report'].needs)}")
     tag = f"repair{modules}{bugs}{'x' if cross_module else ''}"
     rng = random.Random(f"{tag}:{seed}")
     records: list[dict[str, Any]] = []

@@ -15,7 +15,9 @@ from temper.agent.repair import package_sources
 from temper.agent.repair_harness import same
 from temper.core.errors import DatasetError
 from temper.data.generators import generate
-from temper.data.repair_projects import BUG_KINDS, MODULES, call, load_project, module_source
+from temper.data.repair_projects import BUG_KINDS, call, load_project, module_source, templates
+
+MODULES = templates()
 
 
 def _project(bugs=()):
@@ -31,8 +33,8 @@ def test_every_bug_template_applies_once_and_changes_what_its_function_returns(b
     assert template.source.count(bug.old) == 1
     good, bad = _project(), _project([bug])
     rng = random.Random(0)
-    inputs = list(template.functions[bug.function].edges) + [template.functions[bug.function].draw(rng)
-                                                              for _ in range(20)]
+    inputs = template.functions[bug.function].edge_args + [template.functions[bug.function].args(rng)
+                                                            for _ in range(20)]
     changed = [a for a in inputs if call(good, template.name, bug.function, a) != call(bad, template.name,
                                                                                         bug.function, a)]
     assert changed, "the edit changes nothing its function is called with"
