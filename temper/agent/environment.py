@@ -155,12 +155,31 @@ def render_action(action: Action) -> str:
 @dataclass(frozen=True)
 class EpisodeLimits:
     """A domain's episode limits (its verifier params): turns, wall-clock budget, per-step timeout,
-    observation size shown to the model."""
+    observation size shown to the model, and ``history_chars``: the observation characters the whole
+    episode may show (0: no budget), the policy for a history that would outgrow the context.
+
+    Why a budget and not "keep the last N observations": the model's context is laid end to end
+    (training's completion, eval's text, the engine's KV cache), and cutting an *earlier* observation
+    would rewrite tokens already in it, so the turn sampled after them would be trained on a context it
+    never saw and the prefix cache would miss from the cut on. Instead observations are cut as they are
+    made: in full (up to ``max_observation_chars``) while the budget lasts, then each one as its summary
+    line (``summary_line``: its size and the start of its last line). The context only grows, by
+    little, so a 500-turn episode fits; the loss masks and the cache are untouched; and because the
+    environment makes the cut, training, eval and replay show the same text.
+    """
 
     max_turns: int = 8
     budget_s: float = 60.0
     step_timeout_s: float = 10.0
     max_observation_chars: int = 1000
+    history_chars: int = 0
+
+
+def summary_line(observation: str) -> str:
+    """An observation past the episode's budget: its size and the start of its last line (a command's
+    ``[exit N]``, a call's result), or the observation itself where that is no longer."""
+    line = f"[{len(observation)} chars cut] {observation.rstrip(chr(10)).rsplit(chr(10), 1)[-1][:60]}".rstrip()
+    return line if len(line) < len(observation) else observation
 
 
 def observation_block(observation: str) -> str:
@@ -191,6 +210,7 @@ class EpisodeEnvironment:
         self.outcome: Outcome = "running"
         self.reason = ""  # why the episode failed, when its outcome alone does not say (verify shows it)
         self.turns = 0
+        self.shown = 0
         self.started = 0.0
         self.trajectory: list[dict[str, Any]] = []
 
@@ -199,6 +219,7 @@ class EpisodeEnvironment:
         """Start an episode of ``record``; the task text the model sees first."""
         self._release()
         self.record, self.outcome, self.turns, self.trajectory = record, "running", 0, []
+        self.shown = 0  # observation characters shown so far (``EpisodeLimits.history_chars``)
         self.reason = ""
         self.started = time.monotonic()
         return self._start(record)
@@ -247,6 +268,9 @@ class EpisodeEnvironment:
             log.warning("%s: sandbox failed during a step: %s", self.name, e)
             return self._end("sandbox_error", text, f"[sandbox error] {e}")
         observation = truncate(observation, self.limits.max_observation_chars)
+        if self.limits.history_chars and self.shown + len(observation) > self.limits.history_chars:
+            observation = summary_line(observation)
+        self.shown += len(observation)
         if failure is not None:
             return self._end(failure, text, observation)
         self.trajectory.append({"turn": self.turns, "action": text, "observation": observation,

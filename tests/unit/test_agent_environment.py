@@ -16,6 +16,7 @@ from temper.agent.environment import (
     parse_actions,
     play,
     render_action,
+    summary_line,
 )
 from temper.agent.files import FilesEnvironment
 from temper.agent.ledger import LedgerEnvironment
@@ -110,6 +111,32 @@ def test_episode_limits_end_episodes_with_counted_outcomes():
     assert not env.finished  # a bad call is an observation, the model may recover
     env.step("I think I am finished")
     assert env.outcome == "no_action" and env.get_reward() == 0.0
+
+
+def test_past_the_history_budget_each_observation_is_its_summary_line_and_replays_the_same():
+    """The policy for a history that would outgrow the context (``EpisodeLimits.history_chars``): the first
+    observations in full while the budget lasts, every later one as its summary line; the episode's outcome
+    and reward are its own, and a replay of its trajectory shows the same text."""
+    from temper.agent import trajectories
+
+    record = LEDGER[0]
+    turns = ['<call>{"name": "audit", "arguments": {}}</call>'] * 6 + json.loads(record["reference"])  # errors
+    full = LedgerEnvironment(EpisodeLimits(max_turns=20))
+    reward = play(full, record, turns)
+    seen = [t["observation"] for t in full.trajectory]
+    budget = len(seen[0]) + len(seen[1])  # exactly two observations fit
+    limits = EpisodeLimits(max_turns=20, history_chars=budget)
+    env = LedgerEnvironment(limits)
+    assert play(env, record, turns) == reward == 1.0 and env.outcome == full.outcome == "done"
+    got = [t["observation"] for t in env.trajectory]
+    assert got[:2] == seen[:2]
+    for full_text, cut in zip(seen[2:6], got[2:6]):  # the unknown-tool errors, each longer than its summary
+        assert cut == f"[{len(full_text)} chars cut] {full_text.rsplit(chr(10), 1)[-1][:60]}", cut
+    assert all(cut == summary_line(full_text) for full_text, cut in zip(seen[2:], got[2:]))
+    assert env.shown == sum(map(len, got)) < sum(map(len, seen))
+    again = trajectories.replay(trajectories.trajectory("ledger", limits, record, env, reward))
+    assert again.equal, again.differences
+    assert EpisodeLimits().history_chars == 0  # no budget unless a domain sets one
 
 
 def test_episode_verifier_replays_a_transcript_as_one_episode():

@@ -26,18 +26,20 @@ def episode_limits(params: dict[str, Any]) -> EpisodeLimits:
     return EpisodeLimits(max_turns=int(params.get("max_turns", known.max_turns)),
                          budget_s=float(params.get("budget_s", known.budget_s)),
                          step_timeout_s=float(params.get("step_timeout_s", known.step_timeout_s)),
-                         max_observation_chars=int(params.get("max_observation_chars", known.max_observation_chars)))
+                         max_observation_chars=int(params.get("max_observation_chars", known.max_observation_chars)),
+                         history_chars=int(params.get("history_chars", known.history_chars)))
 
 
 class EpisodeVerifier(Verifier):
     """params: env ('files' | 'ledger' | 'repair'), max_turns, budget_s (wall clock per episode), step_timeout_s,
-    max_observation_chars (observation shown to the model), turn_tokens (new tokens per model turn in
-    GRPO, default 64)."""
+    max_observation_chars (observation shown to the model), history_chars (observation characters the
+    whole episode shows; past them each observation is its summary line, see ``EpisodeLimits``),
+    turn_tokens (new tokens per model turn in GRPO, default 64)."""
 
     family = "episode"
     known_params = {"env": Literal["files", "ledger", "repair"], "max_turns": PositiveInt, "budget_s": PositiveFloat,
                     "step_timeout_s": PositiveFloat, "max_observation_chars": PositiveInt,
-                    "turn_tokens": PositiveInt}
+                    "turn_tokens": PositiveInt, "history_chars": PositiveInt}
     offload = True  # a files episode waits on sandbox commands
 
     def environment(self, **kwargs: Any):
