@@ -24,6 +24,7 @@ and reward are compared.
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -119,6 +120,32 @@ def read_new(path: str | Path, offset: int) -> tuple[list[dict[str, Any]], int]:
         if isinstance(row, dict) and isinstance(row.get("turns"), list) and "outcome" in row:
             out.append(row)
     return out, offset + len(complete)
+
+
+def drop_from_step(path: str | Path, step: int) -> int:
+    """Drop from a training trajectory file the lines of steps ``>= step`` and any line cut short: what a
+    run killed in the middle of a step wrote for steps its last checkpoint does not hold, which the resumed
+    run samples again (its first rollout calls this with the step it resumes at). The number dropped."""
+    path = Path(path)
+    if not path.exists():
+        return 0
+    kept, dropped = [], 0
+    for line in path.read_bytes().splitlines(keepends=True):
+        try:
+            row = json.loads(line)
+            keep = line.endswith(b"\n") and isinstance(row, dict) and isinstance(row.get("step"), int) \
+                and row["step"] < step
+        except ValueError:
+            keep = False
+        if keep:
+            kept.append(line)
+        else:
+            dropped += 1
+    if dropped:
+        tmp = path.with_name(path.name + ".tmp")
+        tmp.write_bytes(b"".join(kept))
+        os.replace(tmp, path)
+    return dropped
 
 
 def first_per_domain(lines: list[dict[str, Any]], k: int) -> list[dict[str, Any]]:

@@ -139,6 +139,7 @@ class MultiTurnRollout:
                 record = row["record"] if isinstance(row["record"], dict) else json.loads(row["record"])
                 self.tasks[_prompt_key(row["prompt"])] = (row["domain"], record)
         self.last_episodes: list[dict[str, Any]] = []  # this rank's episodes of the latest rollout (tests, logs)
+        self._pruned = False  # whether this process's first rollout has cut a killed attempt's lines
 
     # -- tokens ---------------------------------------------------------------------------------------
     def _prompt_ids(self, tokenizer, prompt: Any) -> list[int]:
@@ -333,14 +334,21 @@ class MultiTurnRollout:
 
     def _record(self, trainer, episodes: list[dict[str, Any]]) -> None:
         """Every episode of this rank's rollout as a trajectory line (``temper replay`` re-executes them)
-        in ``<output_dir>/trajectories/rank<k>.jsonl``."""
+        in ``<output_dir>/trajectories/rank<k>.jsonl``, written once the rollout's episodes have all ended
+        (a kill during a rollout records none of its episodes). A resumed run first drops what a killed
+        attempt wrote for the steps it redoes, so each step's episodes are in the file once."""
+        path = Path(trainer.args.output_dir) / "trajectories" / f"rank{trainer.accelerator.process_index}.jsonl"
+        if not self._pruned:  # the first rollout of this process: a resumed run redoes the steps after its checkpoint
+            self._pruned = True
+            if dropped := trajectories.drop_from_step(path, trainer.state.global_step):
+                log.info("trajectories: dropped %d line(s) of steps >= %d that a killed attempt wrote", dropped,
+                         trainer.state.global_step)
         lines = [trajectories.trajectory(self.domains[ep["domain"]].verifier.params.get("env", "files"),
                                          ep["env"].limits, ep["record"], ep["env"], ep["reward"], ep["domain"],
                                          step=trainer.state.global_step, rank=trainer.accelerator.process_index)
                  for ep in episodes if ep["domain"] is not None and isinstance(ep["env"], EpisodeEnvironment)]
         if lines:
-            trajectories.write(Path(trainer.args.output_dir) / "trajectories" /
-                               f"rank{trainer.accelerator.process_index}.jsonl", lines)
+            trajectories.write(path, lines)
 
     # -- metrics ------------------------------------------------------------------------------------------
     def _log_reuse(self, trainer) -> None:

@@ -205,3 +205,29 @@ def test_a_mixed_run_gives_single_turn_samples_one_turn_and_their_own_verifier(t
     stats = rewards.summary()
     assert stats["arithmetic"]["n"] == 2 and stats["ledger_tasks"]["n"] == 2  # both scored, none skipped
     assert out["advantages"].shape[0] == 4
+
+
+def test_a_resumed_run_redoes_the_killed_step_and_records_its_episodes_once(tiny_model, tmp_path):
+    """A run killed in the middle of a GRPO step leaves, at most, the lines of steps after its checkpoint
+    and a line cut short; the resumed process's first rollout drops them before it writes the redone step,
+    so every step's episodes are in the trajectory file once and no half episode is."""
+    from temper.agent import trajectories
+
+    domain, records, rows = ledger_rows(1)
+    scripts = [json.loads(records[0]["reference"]), ["no action here"]]
+    killed = ScriptedRollout([domain], rows, max_turn_tokens=200, scripts=scripts)
+    trainer = trainer_for(tiny_model(max_positions=2048), rows, killed, tmp_path)
+    batch = next(iter(trainer.get_train_dataloader()))
+    trainer._generate_and_score_completions(batch)  # step 0's episodes, written by the attempt that dies
+    path = tmp_path / "out" / "trajectories" / "rank0.jsonl"
+    first = trajectories.read(path)
+    assert [t["step"] for t in first] == [0, 0]
+    with open(path, "a") as f:
+        f.write(path.read_text().splitlines()[0][:200])  # the kill cut a write short
+
+    resumed = ScriptedRollout([domain], rows, max_turn_tokens=200, scripts=scripts)  # the new process, at step 0
+    trainer.rollout_func = resumed
+    trainer._generate_and_score_completions(batch)
+    again = trajectories.read(path)
+    assert [t["step"] for t in again] == [0, 0] and [t["outcome"] for t in again] == [t["outcome"] for t in first]
+    assert path.read_bytes().endswith(b"\n")
