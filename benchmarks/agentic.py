@@ -14,7 +14,9 @@ Sections (each ratio is against a baseline measured in the same run, same model,
    files, commands, end-state read-out) over the step's wall time.
 4. A long episode: 500 turns through one sandbox session (``--long-turns``), turn latency and the
    verifier's memory at turns 10, 100 and 500; baseline: the session recording every step whole,
-   as episodes did before (a turn in five prints 900 KB). ``--only long`` runs just this section.
+   as episodes did before (a turn in five prints 900 KB). Then 8 episodes of 200 turns side by side, as
+   one GRPO step's rollout runs them: sessions and turns per second against one alone. ``--only long``
+   runs just this section.
 
 The model is random (``init_tiny``, ``--hidden``/``--layers`` to scale it): speeds are real, the
 text is noise. The machine is shared (2 cores): run it alone. Run:
@@ -201,6 +203,38 @@ def bench_long_episode(turns: int, marks: tuple[int, ...] = (10, 100, 500)) -> N
                     f"{seen[m][0] / first:.2f}x turn {marks[0]}'s latency")
 
 
+def bench_long_group(turns: int, groups: tuple[int, ...] = (1, 8)) -> None:
+    """Long episodes side by side, as one GRPO step's rollout runs them: ``g`` episodes of ``turns`` scripted
+    turns each, one box per episode, every round of turns in threads (as ``MultiTurnRollout`` steps them);
+    sessions and turns per second against one episode alone."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from infra.sandbox import SandboxPool
+    from temper.agent.environment import EpisodeLimits
+    from temper.agent.files import FilesEnvironment
+
+    base = None
+    for g in groups:
+        with SandboxPool("shell", size=g, spare=0) as pool:
+            envs = [FilesEnvironment(EpisodeLimits(max_turns=turns, budget_s=3600, step_timeout_s=10), pool=pool)
+                    for _ in range(g)]
+            t0 = time.perf_counter()
+            with ThreadPoolExecutor(max_workers=g) as ex:
+                list(ex.map(lambda e: e.reset(instruction="", start_files="{}"), envs))
+                for i in range(turns):
+                    text = (f"<bash>echo {i} >> log.txt; wc -l < log.txt</bash>" if i % 2
+                            else f'<write path="f{i % 9}">{i}</write>')
+                    list(ex.map(lambda e: e.step(text), envs))
+                list(ex.map(lambda e: e.close(), envs))
+            wall = time.perf_counter() - t0
+        assert all(e.turns == turns for e in envs)
+        rate = g / wall
+        base = base or rate
+        row("4. long episode", f"{g} episodes of {turns} turns side by side (one GRPO step's rollout)",
+            f"{rate:.2f} sessions/s, {g * turns / wall:.0f} turns/s",
+            "baseline" if g == groups[0] else f"{rate / base:.2f}x")
+
+
 def bench_sandbox_share(model_dir: str, steps: int, tmp: str, engine: bool) -> None:
     from temper.data.catalog import load_catalog
     from temper.training.multiturn import MultiTurnRollout, episode_reward
@@ -274,6 +308,7 @@ def main() -> None:
     steps = 3 if args.quick else 6
     if args.only == "long":
         bench_long_episode(args.long_turns)
+        bench_long_group(200)
         return _table()
     with tempfile.TemporaryDirectory() as tmp:
         model_dir = str(init_tiny(Path(tmp) / "model", hidden=args.hidden, layers=args.layers, max_positions=2048))
@@ -284,6 +319,7 @@ def main() -> None:
         bench_sandbox_share(model_dir, steps, tmp, engine=False)
         bench_sandbox_share(model_dir, steps, tmp, engine=True)
     bench_long_episode(args.long_turns)
+    bench_long_group(200)
     _table()
 
 
