@@ -85,9 +85,10 @@ def _backend(kind: str, request):
 @pytest.mark.parametrize("kind", ["warm_pool", "kubernetes"])
 def test_a_500_turn_episode_stays_bounded_and_replays_equal(kind, request):
     """Both backends: bounded verifier, flat latency, limits, intact state. The warm pool's episode is also
-    replayed (``temper replay`` replays on it); the stand-in's sandbox pod runs as root, where RLIMIT_NPROC
-    does not bind, so its process-limit probe is reported, not asserted (a real cluster runs the pod as
-    a non-root user, ``infra/k8s/manifests.py``)."""
+    replayed (``temper replay`` replays on it). A sandbox pod's executor sets no RLIMIT_NPROC outside a user
+    namespace (``infra/k8s/sandbox_exec.py``: it would count every process of the uid on the node; a cluster
+    bounds a pod's processes with the kubelet's PIDs limit, which the stand-in lacks), so there the
+    process-limit probe is reported, not asserted."""
     record = {"instruction": "keep notes", "start_files": json.dumps({"README": "start\n"}),
               "end_files": json.dumps({})}
     limits = EpisodeLimits(max_turns=TURNS, budget_s=3600, step_timeout_s=10, max_observation_chars=300)
