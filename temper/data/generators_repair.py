@@ -165,7 +165,13 @@ def make_project(rng: random.Random, modules: int, bugs: int, cross_module: bool
         if not (any(_fails_visible(expected[_key(*c)], _outcome(alone, *c)) for c in shown)
                 and any(_fails_hidden(expected[_key(*c)], _outcome(alone, *c)) for c in hidden)):
             return None
-    sources = {t.name: module_source(t, package, by_module[t.name]) for t in project}
+    try:
+        sources = {t.name: module_source(t, package, by_module[t.name]) for t in project}
+    except ValueError:  # one bug's edit undid another's text
+        return None
+    buggy = load_project(package, sources)  # and all of them together: doing nothing must fail
+    if not any(_fails_hidden(expected[_key(*c)], _outcome(buggy, *c)) for c in hidden):
+        return None
     files = {f"{package}/__init__.py": f'"""{package}: small utilities."""\n', "run_tests.py": RUN_TESTS}
     files |= {f"{package}/{name}.py": text for name, text in sources.items()}
     files |= {f"tests/test_{t.name}.py": _test_file(package, t, visible[t.name], expected) for t in project}
