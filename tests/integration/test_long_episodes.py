@@ -82,8 +82,11 @@ def _backend(kind: str, request):
     return KubernetesBackend(ClusterApi(cluster.api_client), opts, poll_s=0.1)
 
 
-@pytest.mark.parametrize("kind", ["warm_pool", "kubernetes"])
-def test_a_500_turn_episode_stays_bounded_and_replays_equal(kind, request):
+# 500 turns on the warm pool; 100 through the stand-in, whose exec per turn (a bwrap and an executor in the
+# pod) took 282 s for 500 turns in a loaded suite run (38 s alone; 500 turns measured alone: 72 ms a turn,
+# benchmarks/results/agentic.md)
+@pytest.mark.parametrize("kind, n", [("warm_pool", TURNS), ("kubernetes", 100)])
+def test_a_500_turn_episode_stays_bounded_and_replays_equal(kind, n, request):
     """Both backends: bounded verifier, flat latency, limits, intact state. The warm pool's episode is also
     replayed (``temper replay`` replays on it). A sandbox pod's executor sets no RLIMIT_NPROC outside a user
     namespace (``infra/k8s/sandbox_exec.py``: it would count every process of the uid on the node; a cluster
@@ -91,8 +94,8 @@ def test_a_500_turn_episode_stays_bounded_and_replays_equal(kind, request):
     process-limit probe is reported, not asserted."""
     record = {"instruction": "keep notes", "start_files": json.dumps({"README": "start\n"}),
               "end_files": json.dumps({})}
-    limits = EpisodeLimits(max_turns=TURNS, budget_s=3600, step_timeout_s=10, max_observation_chars=300)
-    turns = [policy(i) for i in range(TURNS - len(PROBES))] + PROBES
+    limits = EpisodeLimits(max_turns=n, budget_s=3600, step_timeout_s=10, max_observation_chars=300)
+    turns = [policy(i) for i in range(n - len(PROBES))] + PROBES
     me = psutil.Process()
     with SandboxPool("shell", size=1, spare=0, backend=_backend(kind, request)) as pool:
         env = FilesEnvironment(limits, pool=pool)
@@ -104,15 +107,16 @@ def test_a_500_turn_episode_stays_bounded_and_replays_equal(kind, request):
             start = time.perf_counter()
             observation = env.step(text)
             took.append(time.perf_counter() - start)
-            assert env.outcome == "running" or len(took) == TURNS - 1, (len(took), env.outcome, observation)
-        assert env.outcome == "max_turns" and env.turns == TURNS
+            assert env.outcome == "running" or len(took) == n - 1, (len(took), env.outcome, observation)
+        assert env.outcome == "max_turns" and env.turns == n
         grown_mb = (me.memory_info().rss - rss) / 2**20
         # a leak would add one per turn; the stand-in's API server lives in this process and its accepted
-        # sockets come and go (measured: 12 to 31 over 500 turns, no trend), so the bound is a tenth of the turns
-        assert _fds() - fds < TURNS // 10 and len(me.children(recursive=True)) <= children
-        assert grown_mb < 40, f"the verifier grew by {grown_mb:.0f} MB over {TURNS} turns"
-        early = statistics.median(t for i, t in enumerate(took[:60], 1) if i % 5 != 4)
-        late = statistics.median(t for i, t in enumerate(took[-64:-4], TURNS - 64) if i % 5 != 4)
+        # sockets come and go (measured: 12 to 31 over 500 turns, no trend), so the bound is 50
+        assert _fds() - fds < 50 and len(me.children(recursive=True)) <= children
+        assert grown_mb < 40, f"the verifier grew by {grown_mb:.0f} MB over {n} turns"
+        w = n // 5  # the first and the last fifth of the turns (the probes aside), big-output turns aside
+        early = statistics.median(t for i, t in enumerate(took[:w], 1) if i % 5 != 4)
+        late = statistics.median(t for i, t in enumerate(took[-w - 4:-4], n - w - 4) if i % 5 != 4)
         assert late <= 1.5 * early + 0.01, f"turn latency {early * 1e3:.0f} ms early, {late * 1e3:.0f} ms late"
 
         big, _, forks, state = [t["observation"] for t in env.trajectory[-4:]]
@@ -121,8 +125,8 @@ def test_a_500_turn_episode_stays_bounded_and_replays_equal(kind, request):
             assert forks.startswith("stopped below nproc"), forks
         else:
             print(f"stand-in sandbox pod, {pool.profile.limits.nproc} processes asked: {forks!r}")
-        appends = [i for i in range(TURNS - len(PROBES)) if i % 3 == 0 and i % 5 != 4]
-        notes = {i % 25 for i in range(TURNS - len(PROBES)) if i % 3 == 1 and i % 5 != 4}
+        appends = [i for i in range(n - len(PROBES)) if i % 3 == 0 and i % 5 != 4]
+        notes = {i % 25 for i in range(n - len(PROBES)) if i % 3 == 1 and i % 5 != 4}
         assert state.split()[:3] == [str(appends[-1]), str(len(notes)), str(len(appends))], state
         episode = trajectories.trajectory("files", limits, record, env, env.get_reward())
         env.close()
