@@ -6,8 +6,9 @@ write files, list and count, print near the output cap every fifth turn). Over t
 verifier process (this one) keeps its file descriptors, child processes and memory (a recorded
 session step holds up to 1 MB of output: an episode must not keep them); turn latency late in the
 episode is within 1.5x of early; the box's limits still hold at the end (a file over ``fsize_mb``
-is cut, a fork bomb meets ``nproc``), and the session is intact after them (the shell state and
-every file the policy wrote are there). The recorded 500-turn trajectory replays equal, turn by turn.
+is cut, the work dir fills at ``disk_mb``, a fork bomb meets ``nproc``), and the session is intact
+after them (the shell state and every file the policy wrote are there). The recorded 500-turn
+trajectory replays equal, turn by turn.
 """
 
 from __future__ import annotations
@@ -61,6 +62,7 @@ def _fds() -> int:
 
 PROBES = [  # the episode's last turns: the box's limits hold after 495 turns, and its state is intact
     "<bash>head -c 100M /dev/zero > big.bin; echo rc=$?; stat -c %s big.bin</bash>",
+    "<bash>for i in 1 2 3 4 5 6; do head -c 60M /dev/zero > d$i.bin || break; done; echo wrote=$i; rm -f d*.bin</bash>",
     f'<write path="forks.py">{FORKS}</write>',
     "<bash>python3 forks.py</bash>",
     "<bash>echo $LAST; ls notes | wc -l; wc -l < log.txt</bash>",
@@ -119,12 +121,13 @@ def test_a_500_turn_episode_stays_bounded_and_replays_equal(kind, n, request):
         late = statistics.median(t for i, t in enumerate(took[-w - 4:-4], n - w - 4) if i % 5 != 4)
         assert late <= 1.5 * early + 0.01, f"turn latency {early * 1e3:.0f} ms early, {late * 1e3:.0f} ms late"
 
-        big, _, forks, state = [t["observation"] for t in env.trajectory[-4:]]
+        big, disk, _, forks, state = [t["observation"] for t in env.trajectory[-5:]]
         assert big.split("\n")[1] == str(pool.profile.limits.fsize_mb << 20) and "rc=0" not in big, big  # cut
-        if kind == "warm_pool":
+        if kind == "warm_pool":  # the box's own tmpfs of disk_mb (256 MB) fills before 6 x 60 MB
+            assert "No space left on device" in disk and "wrote=6" not in disk, disk
             assert forks.startswith("stopped below nproc"), forks
-        else:
-            print(f"stand-in sandbox pod, {pool.profile.limits.nproc} processes asked: {forks!r}")
+        else:  # a sandbox pod's disk is an emptyDir (its sizeLimit is the kubelet's to enforce, not the stand-in's)
+            print(f"stand-in sandbox pod: disk {disk!r}; {pool.profile.limits.nproc} processes asked: {forks!r}")
         appends = [i for i in range(n - len(PROBES)) if i % 3 == 0 and i % 5 != 4]
         notes = {i % 25 for i in range(n - len(PROBES)) if i % 3 == 1 and i % 5 != 4}
         assert state.split()[:3] == [str(appends[-1]), str(len(notes)), str(len(appends))], state
