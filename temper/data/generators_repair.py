@@ -30,6 +30,7 @@ from temper.data.repair_projects import PACKAGES, Bug, ModuleTemplate, call, loa
 
 VISIBLE_DRAWS = 1  # random inputs per function in the visible tests (besides its edges)
 HIDDEN_DRAWS = 4  # in the hidden cases, drawn apart from the visible ones
+HUNT = 200  # draws to find a hidden call that catches a bug the drawn ones miss
 
 RUN_TESTS = '''"""Runs every test_* function of tests/test_*.py: a line per test, a summary, exit 1 on any failure."""
 import importlib.util
@@ -111,6 +112,17 @@ def _test_file(package: str, template: ModuleTemplate, cases: dict[str, list[tup
     return "\n".join(lines) + "\n"
 
 
+def _hunt(rng: random.Random, template: ModuleTemplate, function: str, good: dict, bad: dict,
+          taken: set) -> tuple[str, str, tuple] | None:
+    """A new call of ``function`` on which the buggy project's answer fails the judge, or None."""
+    for _ in range(HUNT):
+        args = template.functions[function].args(rng)
+        case = (template.name, function, args)
+        if _key(*case) not in taken and _fails_hidden(_outcome(good, *case)[1], _outcome(bad, *case)):
+            return case
+    return None
+
+
 def _draw_distinct(rng: random.Random, template: ModuleTemplate, function: str, avoid: set, n: int) -> list[tuple]:
     out: list[tuple] = []
     for _ in range(20 * n):
@@ -159,18 +171,29 @@ def make_project(rng: random.Random, modules: int, bugs: int, cross_module: bool
     shown = [(m, f, a) for m in visible for f in visible[m] for a in visible[m][f]]
     expected = {_key(*c): _outcome(good, *c)[1] for c in shown + hidden}
 
-    for bug in picked:  # each bug alone must be caught by a visible test and by a hidden case
+    # Each bug alone must be caught by a visible test (the agent can find it) and by a hidden case whose call
+    # the visible tests do not show: a program that answers the visible calls from a table and runs the buggy
+    # code otherwise must still fail (found by a red-team review: with the edges alone catching a bug such as
+    # last_n(xs, 0), it passed). Where no hidden case does, up to HUNT draws look for one; none: a new project.
+    shown_keys = {_key(*c) for c in shown}
+    for bug in picked:
         module = owner[id(bug)]
         alone = load_project(package, {**correct, module: module_source(templates()[module], package, (bug,))})
-        if not (any(_fails_visible(expected[_key(*c)], _outcome(alone, *c)) for c in shown)
-                and any(_fails_hidden(expected[_key(*c)], _outcome(alone, *c)) for c in hidden)):
+        if not any(_fails_visible(expected[_key(*c)], _outcome(alone, *c)) for c in shown):
             return None
+        apart = [c for c in hidden if _key(*c) not in shown_keys]
+        if not any(_fails_hidden(expected[_key(*c)], _outcome(alone, *c)) for c in apart):
+            case = _hunt(rng, templates()[module], bug.function, good, alone, shown_keys | {_key(*c) for c in hidden})
+            if case is None:
+                return None
+            hidden.append(case)
+            expected[_key(*case)] = _outcome(good, *case)[1]
     try:
         sources = {t.name: module_source(t, package, by_module[t.name]) for t in project}
     except ValueError:  # one bug's edit undid another's text
         return None
-    buggy = load_project(package, sources)  # and all of them together: doing nothing must fail
-    if not any(_fails_hidden(expected[_key(*c)], _outcome(buggy, *c)) for c in hidden):
+    buggy = load_project(package, sources)  # and all of them together, on calls the visible tests do not show
+    if not any(_fails_hidden(expected[_key(*c)], _outcome(buggy, *c)) for c in hidden if _key(*c) not in shown_keys):
         return None
     files = {f"{package}/__init__.py": f'"""{package}: small utilities."""\n', "run_tests.py": RUN_TESTS}
     files |= {f"{package}/{name}.py": text for name, text in sources.items()}

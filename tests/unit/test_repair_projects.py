@@ -102,3 +102,25 @@ def test_only_the_packages_regular_python_files_reach_the_judge():
                     ("./conftest.py", b"import sys\n", "file"), ("./pkg/bin.py", b"\xff\xfe", "file"),
                     ("./pkgx/evil.py", b"", "file"), ("./pkg/../evil.py", b"", "file")])
     assert package_sources(archive, "pkg") == {"pkg/__init__.py": "", "pkg/stats.py": "x = 1\n"}
+
+
+@pytest.mark.parametrize("tier", [{"modules": 2, "bugs": 1}, {"modules": 3, "bugs": 2},
+                                  {"modules": 4, "bugs": 2, "cross_module": True}])
+def test_answering_the_visible_calls_from_a_table_and_running_the_buggy_code_otherwise_fails(tier):
+    """A red-team review's move, as a property of every record: a program that returns the visible tests'
+    answers for their calls and runs the buggy package for every other call must fail a hidden case (before
+    the fix, 5 of 40 repair_single records passed it: their bug showed only on the visible edge inputs)."""
+    for rec in generate("repair_tasks", 40, 0, 0.1, tier).to_dict("records"):
+        files, package = json.loads(rec["start_files"]), rec["package"]
+        shown = {line.split(" == ", 1)[0].removeprefix("    assert ") for path, text in files.items()
+                 if path.startswith("tests/") for line in text.splitlines() if line.startswith("    assert ")}
+        buggy = load_project(package, {path[len(package) + 1:-3]: text for path, text in files.items()
+                                       if path.startswith(package + "/") and not path.endswith("__init__.py")})
+
+        def lookup_or_buggy_passes(case) -> bool:
+            if f"{case['function']}({', '.join(map(repr, case['args']))})" in shown:
+                return True  # answered from the table: the visible answer is the right one
+            ok, value = call(buggy, case["module"], case["function"], tuple(case["args"]))
+            return ok and same(json.loads(json.dumps(value)), case["expect"])
+
+        assert not all(lookup_or_buggy_passes(c) for c in json.loads(rec["hidden_tests"])), rec["id"]
