@@ -63,6 +63,14 @@ def defines_check(value: Any, _other: Any = None) -> bool:
     return False
 
 
+def _json_or_none(value: Any) -> Any:
+    """The parsed JSON, or None when the value is not JSON text (None never passes the rules using it)."""
+    try:
+        return json.loads(value)
+    except (TypeError, ValueError):
+        return None
+
+
 @rule("valid_json")
 def valid_json(value: Any, _other: Any = None) -> bool:
     try:
@@ -88,10 +96,7 @@ def calls_offered_functions(ground_truth: Any, functions: Any) -> bool:
 @rule("episode_turns")
 def episode_turns(value: Any, _other: Any = None) -> bool:
     """A multi-step reference: a JSON list of turn texts, at least two actions and then the done action."""
-    try:
-        turns = json.loads(value)
-    except (TypeError, ValueError):
-        return False
+    turns = _json_or_none(value)
     return (isinstance(turns, list) and len(turns) >= 3 and all(isinstance(t, str) and t.strip() for t in turns)
             and turns[-1].strip() == "<done/>")
 
@@ -103,14 +108,6 @@ def json_state_differs(value: Any, other: Any) -> bool:
         return json.loads(value) != json.loads(other)
     except (TypeError, ValueError):
         return False
-
-
-def _json_or_none(value: Any) -> Any:
-    """The parsed JSON, or None when the value is not JSON text (None never passes the rules using it)."""
-    try:
-        return json.loads(value)
-    except (TypeError, ValueError):
-        return None
 
 
 @rule("hidden_cases")

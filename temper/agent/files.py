@@ -94,13 +94,19 @@ class FilesEnvironment(EpisodeEnvironment):
         observation = f"{truncate(text, self.limits.max_observation_chars).rstrip()}\n{status}".lstrip("\n")
         return observation, (None if r.verdict == "ok" else r.verdict)
 
-    def _end_state_ok(self) -> bool:
+    def _work_dir(self) -> bytes | None:
+        """The work dir as a tar within ``END_STATE_LIMITS``; None (with the limit as ``reason``) past them:
+        the model's doing, not the sandbox's, so a wrong end state."""
         try:
-            archive = self.session.box.snapshot(END_STATE_LIMITS)
-        except StateLimitError as e:  # the model's doing, not the sandbox's: a wrong end state
+            return self.session.box.snapshot(END_STATE_LIMITS)
+        except StateLimitError as e:
             self.reason = str(e)
-            return False
-        return file_state_matches(work_dir_files(archive), json.loads(self.record["end_files"]))
+            return None
+
+    def _end_state_ok(self) -> bool:
+        archive = self._work_dir()
+        return archive is not None and file_state_matches(work_dir_files(archive),
+                                                          json.loads(self.record["end_files"]))
 
     def _release(self) -> None:
         if self.session is not None:

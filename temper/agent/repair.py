@@ -21,10 +21,9 @@ from pathlib import Path
 from typing import Any
 
 from infra.sandbox import shared_pool
-from infra.sandbox.api import StateLimitError
 from infra.sandbox.forkserver import SERVER_ENDED
 from temper.agent.environment import EpisodeLimits
-from temper.agent.files import END_STATE_LIMITS, FilesEnvironment
+from temper.agent.files import FilesEnvironment
 from temper.agent.repair_harness import CASES_FILE
 
 HARNESS_FILE = ".temper_repair.py"
@@ -49,15 +48,14 @@ def package_sources(archive: bytes, package: str) -> dict[str, str]:
     return out
 
 
-def hidden_tests(pool: Any, package: str, sources: dict[str, str], cases: list[dict[str, Any]],
-                 wall_s: float | None = None) -> tuple[int, int, str]:
+def hidden_tests(pool: Any, package: str, sources: dict[str, str], cases: list[dict[str, Any]]) -> tuple[int, int, str]:
     """(passed, total, stderr tail) of the hidden cases against ``sources`` in a fresh box of ``pool``.
     A run that ends without the harness' token line (killed, timed out, its box's fork server killed by the
     project's code) passed nothing; RuntimeError when the sandbox itself failed."""
     token = secrets.token_hex(16)
     files = {**sources, HARNESS_FILE: HARNESS, CASES_FILE: json.dumps(cases)}
     result = pool.exec(["python3", "-I", HARNESS_FILE, package], files=files,
-                       limits=pool.profile.limits.merged(wall_s=wall_s), stdin=f"{token}\n".encode())
+                       limits=pool.profile.limits, stdin=f"{token}\n".encode())
     if result.verdict in ("error", "not_started") and SERVER_ENDED not in result.stderr:
         raise RuntimeError(f"hidden tests: sandbox failed: {result.stderr.strip()[-300:]}")
     for line in reversed(result.stdout.splitlines()):
@@ -86,10 +84,8 @@ class RepairEnvironment(FilesEnvironment):
         return self._judge_pool
 
     def _end_state_ok(self) -> bool:
-        try:
-            archive = self.session.box.snapshot(END_STATE_LIMITS)
-        except StateLimitError as e:  # the model's doing: a tree no check reads
-            self.reason = str(e)
+        archive = self._work_dir()
+        if archive is None:
             return False
         package = self.record["package"]
         cases = json.loads(self.record["hidden_tests"])

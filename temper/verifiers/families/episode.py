@@ -17,7 +17,7 @@ from typing import Any, Literal
 from pydantic import PositiveFloat, PositiveInt
 
 from temper.agent.environment import EpisodeLimits, action_texts, play
-from temper.agent.kinds import make_environment
+from temper.agent.kinds import ENVIRONMENTS, make_environment
 from temper.verifiers.base import Verdict, Verifier, not_judged
 
 
@@ -31,13 +31,13 @@ def episode_limits(params: dict[str, Any]) -> EpisodeLimits:
 
 
 class EpisodeVerifier(Verifier):
-    """params: env ('files' | 'ledger' | 'repair'), max_turns, budget_s (wall clock per episode), step_timeout_s,
+    """params: env (a kind of ``temper.agent.kinds.ENVIRONMENTS``), max_turns, budget_s (wall clock per episode), step_timeout_s,
     max_observation_chars (observation shown to the model), history_chars (observation characters the
     whole episode shows; past them each observation is its summary line, see ``EpisodeLimits``),
     turn_tokens (new tokens per model turn in GRPO, default 64)."""
 
     family = "episode"
-    known_params = {"env": Literal["files", "ledger", "repair"], "max_turns": PositiveInt, "budget_s": PositiveFloat,
+    known_params = {"env": Literal[tuple(sorted(ENVIRONMENTS))], "max_turns": PositiveInt, "budget_s": PositiveFloat,
                     "step_timeout_s": PositiveFloat, "max_observation_chars": PositiveInt,
                     "turn_tokens": PositiveInt, "history_chars": PositiveInt}
     offload = True  # a files episode waits on sandbox commands
