@@ -75,7 +75,7 @@ print("PROBE " + json.dumps(me), flush=True)
 ''' % {"port": PORT}
 
 
-def job(name: str, image: str, command: list[str], ttl_s: int = 1) -> list:
+def job(name: str, image: str, command: list[str], ttl_s: int) -> list:
     spec = JobSpec(name=name, kind="train", image=image, command=["python", "-c", "pass"], nodes=2, distributed=True,
                    resources=Resources(cpu="500m", memory="256Mi", shm_size="64Mi"), timeout_s=120)
     objs = m.objects_for(spec, OPTS)
@@ -150,7 +150,9 @@ def test_an_evicted_rank_is_stopped_and_its_index_comes_back_with_a_new_address(
     script = f'while [ ! -e {marker} ]; do sleep 0.1; done; getent hosts "$MASTER_ADDR" "$(hostname)"'
     launcher = KubernetesLauncher(ClusterApi(k8s_cluster.api_client), OPTS)
     lines: list[str] = []
-    attempt = launcher.submit(job("evict", workload_image, ["sh", "-c", script]), lines.append)
+    # a TTL the watch cannot miss: with 1 s, a watch slowed by its log followers under load found the finished
+    # Job already deleted (CI, stop 39) and rightly called its outcome unknown
+    attempt = launcher.submit(job("evict", workload_image, ["sh", "-c", script], ttl_s=300), lines.append)
     running = k8s_cluster.wait_for("both ranks running", lambda: [
         p for p in pods_of(k8s_cluster, "evict") if p.status.phase == "Running"] if sum(
         p.status.phase == "Running" for p in pods_of(k8s_cluster, "evict")) == 2 else None, timeout=60)
