@@ -14,9 +14,10 @@ Sections (each ratio is against a baseline measured in the same run, same model,
    files, commands, end-state read-out) over the step's wall time.
 4. A long episode: 500 turns through one sandbox session (``--long-turns``), turn latency and the
    verifier's memory at turns 10, 100 and 500; baseline: the session recording every step whole,
-   as episodes did before (a turn in five prints 900 KB). Then 8 episodes of 200 turns side by side, as
-   one GRPO step's rollout runs them: sessions and turns per second against one alone. ``--only long``
-   runs just this section.
+   as episodes did before (a turn in five prints 900 KB). The same episode through a sandbox pod on the
+   stand-in cluster (``tests/k8s_standin``; the Kubernetes sandbox backend). Then 8 episodes of 200 turns
+   side by side, as one GRPO step's rollout runs them: sessions and turns per second against one alone.
+   ``--only long`` runs just this section.
 
 The model is random (``init_tiny``, ``--hidden``/``--layers`` to scale it): speeds are real, the
 text is noise. The machine is shared (2 cores): run it alone. Run:
@@ -157,6 +158,19 @@ def bench_pool(concurrencies: list[int], episodes: int) -> None:
             "baseline" if c == concurrencies[0] else f"{rate / base:.2f}x")
 
 
+def long_turn(i: int) -> str:
+    """Turn ``i`` of section 4's scripted episode: shell turns, file writes, 900 KB of output every fifth."""
+    if i % 5 == 4:
+        return "<bash>head -c 900000 /dev/zero | tr '\\0' y</bash>"
+    return f"<bash>echo {i} >> log.txt; tail -1 log.txt</bash>" if i % 2 else f'<write path="f{i % 9}">{i}</write>'
+
+
+def _latency_at(took: list[float], i: int) -> float:
+    """Median ms of the shell turns (a write is a host-side file write, ~0 ms) among the 20 before turn ``i``."""
+    return statistics.median(t for j, t in enumerate(took[max(0, i - 20):i], max(1, i - 19))
+                             if j % 2 and j % 5 != 4) * 1e3
+
+
 def bench_long_episode(turns: int, marks: tuple[int, ...] = (10, 100, 500)) -> None:
     """One ``turns``-turn files episode through one session: turn latency (median of the shell turns among
     the last 20 at each mark) and the verifier's RSS at each mark; a turn in five prints 900 KB (under the cap).
@@ -166,11 +180,6 @@ def bench_long_episode(turns: int, marks: tuple[int, ...] = (10, 100, 500)) -> N
     from infra.sandbox import SandboxPool, Session
     from temper.agent.environment import EpisodeLimits
     from temper.agent.files import FilesEnvironment
-
-    def turn(i: int) -> str:
-        if i % 5 == 4:
-            return "<bash>head -c 900000 /dev/zero | tr '\\0' y</bash>"
-        return f"<bash>echo {i} >> log.txt; tail -1 log.txt</bash>" if i % 2 else f'<write path="f{i % 9}">{i}</write>'
 
     class Recording(FilesEnvironment):  # the old behaviour: every step kept whole in session.steps
         def _start(self, record):
@@ -189,18 +198,65 @@ def bench_long_episode(turns: int, marks: tuple[int, ...] = (10, 100, 500)) -> N
             rss0, took, seen = me.memory_info().rss, [], {}
             for i in range(1, turns + 1):
                 t0 = time.perf_counter()
-                env.step(turn(i))
+                env.step(long_turn(i))
                 took.append(time.perf_counter() - t0)
                 if i in marks:
-                    # the shell turns (a write is a host-side file write, ~0 ms) of the last 20
-                    around = [t for j, t in enumerate(took[max(0, i - 20):i], max(1, i - 19)) if j % 2 and j % 5 != 4]
-                    seen[i] = (statistics.median(around) * 1e3, (me.memory_info().rss - rss0) / 2**20)
+                    seen[i] = (_latency_at(took, i), (me.memory_info().rss - rss0) / 2**20)
             env.close()
             first = seen[marks[0]][0]
             for m in marks:
                 row("4. long episode", f"{label}: turn {m}",
                     f"{seen[m][0]:.0f} ms/turn, verifier RSS {seen[m][1]:+.0f} MB",
                     f"{seen[m][0] / first:.2f}x turn {marks[0]}'s latency")
+
+
+def bench_long_episode_standin(turns: int, marks: tuple[int, ...] = (10, 100, 500)) -> None:
+    """Section 4's episode through a sandbox pod on the stand-in cluster (``KubernetesBackend``: one pod, an
+    exec per turn; the stand-in is ``tests/k8s_standin``, its pods bubblewrap boxes on this machine): turn
+    latency, the verifier's RSS and open file descriptors at each mark (the stand-in's API server runs in
+    this process, so its accepted sockets are counted too)."""
+    import psutil
+
+    from infra.k8s.api import ClusterApi
+    from infra.k8s.options import KubernetesOptions
+    from infra.sandbox import SandboxPool
+    from infra.sandbox.kubernetes import KubernetesBackend
+    from temper.agent.environment import EpisodeLimits
+    from temper.agent.files import FilesEnvironment
+    from tests.k8s_standin.cluster import StandinCluster, workload_image
+
+    me = psutil.Process()
+    marks = tuple(m for m in marks if m <= turns)
+    with tempfile.TemporaryDirectory() as tmp:
+        image = workload_image(REPO, Path(sys.executable).parent.parent)
+        cluster = StandinCluster(Path(tmp) / "k8s-standin", {"temper-workload:latest": image})
+        try:
+            cluster.create_namespace("temper", service_accounts=())
+            opts = KubernetesOptions(namespace="temper", priority_class=None, sandbox_priority_class=None,
+                                     s3_secret=None, poll_interval_s=0.2, sandbox_start_timeout_s=60,
+                                     sandbox_lifetime_s=3600)
+            backend = KubernetesBackend(ClusterApi(cluster.api_client), opts, poll_s=0.1)
+            with SandboxPool("shell", size=1, spare=0, backend=backend) as pool:
+                env = FilesEnvironment(EpisodeLimits(max_turns=turns + 1, budget_s=3600, step_timeout_s=30),
+                                       pool=pool)
+                env.reset(instruction="", start_files="{}")
+                rss0, fds0, took, seen = me.memory_info().rss, me.num_fds(), [], {}
+                for i in range(1, turns + 1):
+                    t0 = time.perf_counter()
+                    env.step(long_turn(i))
+                    took.append(time.perf_counter() - t0)
+                    if i in marks:
+                        seen[i] = (_latency_at(took, i), (me.memory_info().rss - rss0) / 2**20, me.num_fds() - fds0)
+                assert env.outcome == "running", (env.outcome, env.trajectory[-1])
+                env.close()
+        finally:
+            cluster.stop()
+    assert not cluster.errors, cluster.errors
+    first = seen[marks[0]][0]
+    for m in marks:
+        row("4. long episode", f"stand-in sandbox pod: turn {m}",
+            f"{seen[m][0]:.0f} ms/turn, verifier RSS {seen[m][1]:+.0f} MB, fds {seen[m][2]:+d}",
+            f"{seen[m][0] / first:.2f}x turn {marks[0]}'s latency")
 
 
 def bench_long_group(turns: int, groups: tuple[int, ...] = (1, 8)) -> None:
@@ -308,6 +364,7 @@ def main() -> None:
     steps = 3 if args.quick else 6
     if args.only == "long":
         bench_long_episode(args.long_turns)
+        bench_long_episode_standin(args.long_turns)
         bench_long_group(200)
         return _table()
     with tempfile.TemporaryDirectory() as tmp:
@@ -319,6 +376,7 @@ def main() -> None:
         bench_sandbox_share(model_dir, steps, tmp, engine=False)
         bench_sandbox_share(model_dir, steps, tmp, engine=True)
     bench_long_episode(args.long_turns)
+    bench_long_episode_standin(args.long_turns)
     bench_long_group(200)
     _table()
 

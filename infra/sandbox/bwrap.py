@@ -31,7 +31,7 @@ import weakref
 from collections.abc import Mapping
 from pathlib import Path
 
-from infra.sandbox import proctree, seccomp
+from infra.sandbox import leftovers, proctree, seccomp
 from infra.sandbox.api import Limits, Profile, Result, SandboxError, StateLimitError, ro_mount, safe_relpath
 from infra.sandbox.cgroups import BoxCgroup, Cgroups
 from infra.sandbox.forkserver import ForkServer, can_serve
@@ -78,6 +78,8 @@ class BwrapBackend:
         if self._owns_root:  # removed when the backend is collected or the process exits
             self._finalizer = weakref.finalize(self, shutil.rmtree, str(self.root), True)
         os.chmod(self.root, 0o711)
+        if self._owns_root:
+            leftovers.mark_owner(self.root)
         etc = self.root / "etc"
         etc.mkdir(exist_ok=True)
         (etc / "passwd").write_text(f"root:x:0:0:root:/nonexistent:/usr/sbin/nologin\n"
@@ -88,6 +90,8 @@ class BwrapBackend:
         self.seccomp = seccomp.program()  # None on an arch without a syscall table: no filter
         self.cgroups = Cgroups.detect() if os.geteuid() == 0 else None  # None: rlimits only
         self.can_mount = os.geteuid() == 0 and _mount_works(self.root)  # work dirs get their own tmpfs
+        if self._owns_root:  # what killed backends left beside this one (see infra.sandbox.leftovers)
+            leftovers.sweep(self.root, _umount, self.cgroups.parent if self.cgroups else None)
         help_text = subprocess.run(["bwrap", "--help"], capture_output=True, text=True).stdout
         self.disable_userns = "--disable-userns" in help_text  # bwrap >= 0.8
 

@@ -140,9 +140,11 @@ def test_a_500_turn_episode_stays_bounded_and_replays_equal(kind, n, request):
 
 def test_a_200_turn_episode_inside_a_grpo_step_keeps_its_masks_and_gives_its_box_back(tiny_model, tmp_path):
     """GRPO's own rollout (TRL's trainer, the tiny model, the real sandbox; the turns scripted so the episode
-    lasts): a group of two 200-turn episodes, one reaching the end state. Every turn and observation is laid
-    end to end with the right mask, the reward reaches the advantages, the boxes go back to the pool and the
-    verifier keeps its fds and children over the step."""
+    lasts): a group of two 200-turn episodes, one reaching the end state. Every tenth turn prints 292 chars,
+    so the episode outgrows its history budget (``history_chars``) early: past it, each observation is its
+    summary line. Every turn and observation is laid end to end with the right mask across the cut, the reward
+    reaches the advantages, the recorded episode (with its cut observations) replays equal, the boxes go back
+    to the pool and the verifier keeps its fds and children over the step."""
     import torch
 
     from temper.data.catalog import load_catalog
@@ -152,24 +154,25 @@ def test_a_200_turn_episode_inside_a_grpo_step_keeps_its_masks_and_gives_its_box
     n = 200
     domain = load_catalog(REPO / "domains")["file_tasks"]
     domain = domain.model_copy(update={"verifier": domain.verifier.model_copy(
-        update={"params": {**domain.verifier.params, "max_turns": n, "budget_s": 600}})})
-    record = {"instruction": "append the numbers 1 to 199 to file l, one per line", "start_files": "{}",
-              "end_files": json.dumps({"l": "".join(f"{i}\n" for i in range(1, n))})}
+        update={"params": {**domain.verifier.params, "max_turns": n, "budget_s": 600, "history_chars": 1500}})})
+    # short turns (the tokenizer is per byte); every tenth prints 1..100 (292 chars)
+    solves = [f"<bash>echo {i} >>l</bash>" if i % 10 else "<bash>seq 100</bash>" for i in range(1, n)] + ["<done/>"]
+    record = {"instruction": "append the numbers 1 to 199 but the tens to file l, one per line", "start_files": "{}",
+              "end_files": json.dumps({"l": "".join(f"{i}\n" for i in range(1, n) if i % 10)})}
     rows = [{"prompt": domain.render_prompt(record), "domain": domain.name, "record": json.dumps(record)}]
-    solves = [f"<bash>echo {i} >>l</bash>" for i in range(1, n)] + ["<done/>"]  # short: the tokenizer is per byte
     misses = solves[:100] + [f"<bash>echo {i} >>m</bash>" for i in range(101, n)] + ["<done/>"]
     me = psutil.Process()
     with SandboxPool("shell", size=2, spare=0) as pool:
         rollout = ScriptedRollout([domain], rows, max_turn_tokens=40, scripts=[solves, misses],
                                   environment_kwargs={"file_tasks": {"pool": pool}})
         trainer = trainer_for(tiny_model(max_positions=16_384), rows, rollout, tmp_path,
-                              max_completion_length=14_000)
+                              max_completion_length=15_000)
         batch = next(iter(trainer.get_train_dataloader()))
         fds, children = _fds(), len(me.children(recursive=True))
         out = trainer._generate_and_score_completions(batch)
         episodes = rollout.last_episodes
         assert [e["turns"] for e in episodes] == [n, n] and [e["outcome"] for e in episodes] == ["done", "done"]
-        assert [e["reward"] for e in episodes] == [1.0, 0.0], [e["trajectory"][:2] for e in episodes]
+        assert [e["reward"] for e in episodes] == [1.0, 0.0], [(e["turns"], e["outcome"]) for e in episodes]
         for i, e in enumerate(episodes):
             mask = e["mask"]
             runs = sum(1 for a, b in zip([0] + mask, mask) if b == 1 and a == 0)  # blocks of model tokens
@@ -178,3 +181,101 @@ def test_a_200_turn_episode_inside_a_grpo_step_keeps_its_masks_and_gives_its_box
         assert torch.isfinite(trainer.compute_loss(trainer.model, out))
         assert _fds() <= fds and len(me.children(recursive=True)) <= children  # nothing leaked
         assert pool._idle.qsize() == pool.size  # both boxes back, wiped
+        solved = next(t for t in trajectories.read(tmp_path / "out" / "trajectories" / "rank0.jsonl")
+                      if t["reward"] == 1.0)
+        printed = [t["observation"] for t in solved["turns"] if t["action"] == "<bash>seq 100</bash>"]
+        assert printed[0].endswith("99\n100\n[exit 0]") and printed[-1] == "[300 chars cut] [exit 0]", printed
+        cut = printed.index("[300 chars cut] [exit 0]")  # the budget ran out here; every later one is cut too
+        assert 0 < cut < 5 and set(printed[cut:]) == {"[300 chars cut] [exit 0]"}, printed
+        again = trajectories.replay(solved, pool=pool)  # replay shows the same cut observations
+        assert again.equal, again.differences[:5]
+
+
+KILLED_STEP = r'''
+import json, sys
+from pathlib import Path
+
+from infra.sandbox import SandboxPool
+from temper.data.catalog import load_catalog
+from tests.conftest import REPO
+from tests.integration.test_multiturn_grpo import ScriptedRollout, trainer_for
+
+model, out, n = sys.argv[1], Path(sys.argv[2]), int(sys.argv[3])
+domain = load_catalog(REPO / "domains")["file_tasks"]
+domain = domain.model_copy(update={"verifier": domain.verifier.model_copy(
+    update={"params": {**domain.verifier.params, "max_turns": n, "budget_s": 600}})})
+record = {"instruction": f"append the numbers 1 to {n - 1} to file l", "start_files": "{}",
+          "end_files": json.dumps({"l": "".join(f"{i}\n" for i in range(1, n))})}
+rows = [{"prompt": domain.render_prompt(record), "domain": domain.name, "record": json.dumps(record)}]
+solves = [f"<bash>echo {i} >>l</bash>" for i in range(1, n)] + ["<done/>"]
+
+
+class Progress(ScriptedRollout):
+    """Says how far the episodes are (the policy's side of each turn) so the test knows when to kill."""
+
+    def _generate(self, model, trainer, tokenizer, active, max_new, eos):
+        (out / "turns").write_text(str(max(ep["env"].turns for ep in active)))
+        return super()._generate(model, trainer, tokenizer, active, max_new, eos)
+
+
+with SandboxPool("shell", size=2, spare=0) as pool:
+    rollout = Progress([domain], rows, max_turn_tokens=40, scripts=[solves, solves[: n // 2]],
+                       environment_kwargs={"file_tasks": {"pool": pool}})
+    trainer = trainer_for(model, rows, rollout, out, max_completion_length=31_000)
+    trainer._generate_and_score_completions(next(iter(trainer.get_train_dataloader())))
+    (out / "episodes.json").write_text(json.dumps([{k: e[k] for k in ("turns", "outcome", "reward")}
+                                                   for e in rollout.last_episodes]))
+'''
+
+
+def test_a_500_turn_episode_killed_mid_grpo_step_resumes_with_the_step(tiny_model, tmp_path, request):
+    """A training process SIGKILLed at turn ~250 of a GRPO step's two 500-turn episodes (a node lost mid-step):
+    its boxes die with it (bubblewrap's --die-with-parent), it recorded no episode, and the process that
+    resumes redoes the step: both episodes run to their end and are recorded once, with their rewards. What
+    the killed process could not clean (its sandbox directory, the boxes' tmpfs mounts) the resumed one's
+    sandbox backend reclaims when it starts (``infra/sandbox/leftovers.py``)."""
+    import shutil
+    import signal
+    import subprocess
+    import sys
+    import tempfile
+    from pathlib import Path
+
+    from tests.conftest import REPO
+
+    n = 500
+    model = tiny_model(max_positions=32_768)  # a turn is ~60 tokens (the tokenizer is per byte)
+    tmp = Path(tempfile.mkdtemp())  # where the processes' sandbox boxes live (the box's user must reach it:
+    tmp.chmod(0o755)  # pytest's tmp_path is the test user's alone)
+    request.addfinalizer(lambda: shutil.rmtree(tmp, ignore_errors=True))
+    env = {**os.environ, "PYTHONPATH": str(REPO), "TMPDIR": str(tmp)}
+    cmd = [sys.executable, "-c", KILLED_STEP, model, str(tmp_path), str(n)]
+    killed = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    progress = tmp_path / "turns"
+    deadline = time.monotonic() + 300
+    while int((progress.read_text() if progress.exists() else "") or 0) < n // 2:
+        assert killed.poll() is None, killed.stdout.read().decode()[-3000:]
+        assert time.monotonic() < deadline, "the episodes did not reach turn 250 in 300 s"
+        time.sleep(0.2)
+    running = psutil.Process(killed.pid).children(recursive=True)  # the turns in flight (bwrap, bash, ...)
+    killed.send_signal(signal.SIGKILL)
+    killed.wait()
+    _, alive = psutil.wait_procs(running, timeout=10)
+    assert alive == [], f"the killed process left {alive}"
+    [left] = list(tmp.iterdir())  # its backend's directory: two boxes, their work dirs' tmpfs still mounted
+    mounted = [line.split()[4] for line in open("/proc/self/mountinfo") if str(left) in line.split()[4]]
+    if os.geteuid() == 0:
+        assert len(mounted) == 2, mounted
+    path = tmp_path / "out" / "trajectories" / "rank0.jsonl"
+    assert not path.exists() or trajectories.read(path) == []  # no half episode recorded
+
+    resumed = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+    assert resumed.returncode == 0, resumed.stdout[-2000:] + resumed.stderr[-3000:]
+    episodes = json.loads((tmp_path / "episodes.json").read_text())
+    assert episodes == [{"turns": n, "outcome": "done", "reward": 1.0},
+                        {"turns": n // 2 + 1, "outcome": "done", "reward": 0.0}], episodes
+    # the resumed run's backend reclaimed the killed one's directory, mounts (and cgroups), then removed its own
+    assert list(tmp.iterdir()) == [] and not [line for line in open("/proc/self/mountinfo") if str(left) in line]
+    recorded = trajectories.read(path)
+    assert [t["step"] for t in recorded] == [0, 0]
+    assert sorted(len(t["turns"]) for t in recorded) == [n // 2 + 1, n], [len(t["turns"]) for t in recorded]
