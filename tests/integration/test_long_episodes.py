@@ -279,3 +279,50 @@ def test_a_500_turn_episode_killed_mid_grpo_step_resumes_with_the_step(tiny_mode
     recorded = trajectories.read(path)
     assert [t["step"] for t in recorded] == [0, 0]
     assert sorted(len(t["turns"]) for t in recorded) == [n // 2 + 1, n], [len(t["turns"]) for t in recorded]
+
+
+def test_a_long_engine_episode_reuses_its_whole_history_from_the_prefix_cache_across_the_budget_cut(tiny_model,
+                                                                                                       tmp_path):
+    """The history policy keeps the engine's prefix cache useful: every turn's context is the previous turn's
+    context, its sampled turn and one new observation, so each request finds everything up to its previous
+    turn in the cache, after the history budget runs out as before it (a policy that rewrote earlier
+    observations would miss from the first rewritten one on). The engine samples each turn (the tiny model's
+    text); the box plays the script's action for it, so the observations are real and outgrow the budget."""
+    from temper.data.catalog import load_catalog
+    from temper.training.multiturn import MultiTurnRollout
+    from temper.verifiers.families.episode import episode_limits
+    from tests.conftest import REPO
+    from tests.integration.test_multiturn_grpo import trainer_for
+
+    n = 40
+    domain = load_catalog(REPO / "domains")["file_tasks"]
+    domain = domain.model_copy(update={"verifier": domain.verifier.model_copy(update={"params": {
+        **domain.verifier.params, "max_turns": n, "budget_s": 600, "history_chars": 600, "turn_tokens": 8}})})
+    record = {"instruction": "count", "start_files": "{}", "end_files": "{}"}
+    rows = [{"prompt": domain.render_prompt(record), "domain": domain.name, "record": json.dumps(record)}]
+
+    class Scripted(FilesEnvironment):
+        def step(self, text):
+            return super().step(f"<bash>seq {self.turns} {self.turns + 15}</bash>")  # ~50 chars a turn
+
+    class Rollout(MultiTurnRollout):
+        def _environment(self, name, prompts):
+            return Scripted(episode_limits(self.verifiers[name].params), pool=pool)
+
+    with SandboxPool("shell", size=2, spare=0) as pool:
+        rollout = Rollout([domain], rows, engine=True)
+        trainer = trainer_for(tiny_model(max_positions=8192), rows, rollout, tmp_path, max_completion_length=6000)
+        trainer._generate_and_score_completions(next(iter(trainer.get_train_dataloader())))
+    episodes = rollout.last_episodes
+    assert [e["turns"] for e in episodes] == [n, n], [(e["turns"], e["outcome"]) for e in episodes]
+    prompt = len(trainer.processing_class(rows[0]["prompt"], add_special_tokens=False)["input_ids"])
+    expected = 0
+    for e in episodes:
+        ends = [i + 1 for i, (a, b) in enumerate(zip(e["mask"], e["mask"][1:] + [0])) if a == 1 and b == 0]
+        assert len(ends) == n
+        expected += sum(prompt + end for end in ends[:-1])  # turn t+1 finds all up to the end of turn t
+    # each turn's last sampled token was never fed forward, so it is the one token of the history not cached
+    assert rollout.engine.engine.prompt_reuse()["prefix_hit_tokens"] == expected - 2 * (n - 1)
+    for e in episodes:  # and the budget ran out early: most of those turns came after the cut
+        cut = [i for i, t in enumerate(e["trajectory"]) if " chars cut] " in t["observation"]]
+        assert cut and cut[0] < 15 and cut == list(range(cut[0], n)), cut
