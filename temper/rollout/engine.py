@@ -355,6 +355,7 @@ class Engine:
         """One forward over the plan's decode rows and prefill chunks (``mixed.py``), then each request's
         tokens. A failing forward fails every request in it: their caches may hold a partial update."""
         items, segments, slotted = [], [], []
+        decode_rows, prefilling = 0, False
         for req, kind, n in plan:
             if req.cancelled:
                 with self._lock:
@@ -364,7 +365,9 @@ class Engine:
                 slotted.append(req)
             elif kind == "decode":
                 segments.append(self.decoder.segment(req))
+                decode_rows += len(segments[-1].tokens)
             else:
+                prefilling = True
                 if req.cache is None:
                     self._start_prefill(req)
                 lo = req.prefilled
@@ -374,7 +377,11 @@ class Engine:
         if not items:
             return 0
         try:
+            t0 = time.perf_counter()
             mixed = iter(mixed_forward(self.model, segments) if segments else [])
+            if segments:  # what the forward cost (the fast profile sizes its drafts by it, draft_cost.py)
+                self.decoder.observe(sum(len(row) for seg in segments for row in seg.tokens), decode_rows,
+                                     time.perf_counter() - t0, prefilling)
             pooled = iter(self.slot_decoder.decode(slotted) if slotted else [])
             logits = [next(pooled) if isinstance(req.cache, SlotCache) else next(mixed) for req, _, _ in items]
         except Exception as e:

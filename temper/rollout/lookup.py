@@ -20,20 +20,26 @@ is the engine's, ``needs_prefill``), the first token, stop handling, and mixed b
 rides in the one forward of every running request as a segment of 1 + k tokens (``mixed.py``), so 8
 requests cost one forward, not 8 (the scheduler's token budget counts their decode rows, not the drafts).
 Requests with ``n > 1`` rows (a GRPO group) decode as the standard profile does: the rows would accept
-different lengths but share one cache length. ``k`` adapts per request (transformers' assisted-generation
-heuristic): +2 after a step that accepted every draft, -1 after one that did not; a step that accepted none
-also skips drafting for the next 1, 2, 4 .. 16 steps (reset by any acceptance), so a request whose drafts
-fail decodes almost as standard: a verified position that is rejected costs compute, which at batch 8 on
-a CPU is not free.
+different lengths but share one cache length.
+
+How many drafts (``draft_cost.py``): a verified position costs compute, which on a CPU, and at batch 8
+anywhere, is not free. The decoder measures what one more position costs in the engine's forwards and, per
+request, how often a draft token is accepted, and proposes only the draft tokens expected to pay (none
+when they do not: then it skips drafting for 1, 2, 4 .. 16 steps and probes with one token, so a request
+whose drafts fail decodes almost as standard). Until enough forwards are measured, the first step
+proposes ``num_assistant_tokens``.
 """
 
 from __future__ import annotations
+
+import time
 
 import numpy as np
 import torch
 
 from temper.rollout.config import SpeculativeConfig
 from temper.rollout.decoding import SamplingParams, scaled_logits
+from temper.rollout.draft_cost import ForwardCost, acceptance, draft_length
 from temper.rollout.kv_cache import crop_cache, kv_of
 from temper.rollout.mixed import Segment
 from temper.rollout.requests import DecoderHost, EngineRequest
@@ -104,21 +110,45 @@ class LookupDecoder(StandardDecoder):
     def __init__(self, engine: DecoderHost, spec: SpeculativeConfig) -> None:
         super().__init__(engine)
         self.spec = spec
+        self.cost = ForwardCost()
         self.stats = {"steps": 0, "proposed": 0, "accepted": 0, "emitted": 0}
 
+    def observe(self, positions: int, rows: int, seconds: float, prefill: bool) -> None:
+        """The engine's mixed forward just run (``positions`` new positions, ``rows`` decode rows): its cost."""
+        if not prefill:
+            self.cost.observe(positions, rows, seconds)
+
     def begin(self, req: EngineRequest, logits: torch.Tensor) -> None:
-        req.extra["k"] = self.spec.num_assistant_tokens
+        req.extra.update(accepted=0.0, rejected=0.0)
         super().begin(req, logits)
 
     def _propose(self, req: EngineRequest) -> list[int]:
-        if req.extra.get("skip", 0) > 0:  # drafts failed outright lately: plain steps for a while
-            req.extra["skip"] -= 1
+        x = req.extra
+        if x.get("skip", 0) > 0:  # drafts were not worth it lately: plain steps for a while
+            x["skip"] -= 1
             return []
         p, sample = req.params, req.samples[req.active[0]]
         seq = req.prompt + sample.token_ids
         # drafts past the token budget or the context could never be emitted
         room = min(p.max_tokens - len(sample.token_ids), self.engine.context - len(seq)) - 1
-        return propose(seq, min(req.extra["k"], room), self.spec.max_ngram)
+        value = self.cost.position_value()
+        if value is None:  # the cost of a position not measured yet
+            k = min(self.spec.num_assistant_tokens, room)
+        else:
+            k = draft_length(acceptance(x["accepted"], x["rejected"]), value, min(self.spec.max_draft_tokens, room))
+        if k == 0 and room > 0:
+            if not x.pop("probe", False):
+                self._back_off(x)
+                return []
+            k = 1  # after a back-off: one token, to learn whether the request copies now
+        return propose(seq, k, self.spec.max_ngram)
+
+    @staticmethod
+    def _back_off(x: dict) -> None:
+        """Skip drafting for the next 1, 2, 4 .. 16 steps (doubling each time, reset by an acceptance), then probe."""
+        x["skip"] = x.get("backoff", 1)
+        x["backoff"] = min(16, 2 * x["skip"])
+        x["probe"] = True
 
     def segment(self, req: EngineRequest) -> Segment:
         if len(req.active) != 1:
@@ -143,13 +173,17 @@ class LookupDecoder(StandardDecoder):
             return super().step(req)
         e = self.engine
         draft = self._propose(req)
+        t0 = time.perf_counter()
         if not draft:
             self._plain_step()
-            return super().step(req)
+            super().step(req)
+            self.cost.observe(1, 1, time.perf_counter() - t0)  # this request's own forward, one position
+            return
         start = req.cache.get_seq_length()  # the cache holds the sequence but its last token
         ids = torch.tensor([[req.samples[req.active[0]].token_ids[-1], *draft]], device=e.device)
         pos = torch.arange(start, start + ids.shape[1], device=e.device).unsqueeze(0)
         out = e.model(input_ids=ids, cache=req.cache, position_ids=pos, use_cache=True)
+        self.cost.observe(ids.shape[1], 1, time.perf_counter() - t0)
         e._log(req, "decode", 1, f"lookup {len(draft)} drafts")
         self._settle(req, out.logits[0], draft)
 
@@ -173,13 +207,13 @@ class LookupDecoder(StandardDecoder):
         s = self.stats
         s["steps"], s["proposed"], s["accepted"], s["emitted"] = (
             s["steps"] + 1, s["proposed"] + len(draft), s["accepted"] + accepted, s["emitted"] + emitted)
-        x, k = req.extra, req.extra["k"]
-        x["k"] = min(self.spec.max_draft_tokens, k + 2) if accepted == len(draft) else max(1, k - 1)
+        x = req.extra  # what this request's drafts earn, recent steps weighing more (see draft_cost.py)
+        x["accepted"] = 0.9 * x["accepted"] + accepted
+        x["rejected"] = 0.9 * x["rejected"] + (accepted < len(draft))
         if accepted:
             x["backoff"] = 1
         else:  # not one token right: skip the next 1, 2, 4 .. 16 steps' drafts (an unaccepted one costs)
-            x["skip"] = x.get("backoff", 1)
-            x["backoff"] = min(16, 2 * x["skip"])
+            self._back_off(x)
         if sample.finished:
             e.cache_completion(req, index, kv_of(req.cache, 0))
             req.active = []

@@ -25,6 +25,9 @@ class StandardDecoder:
     def __init__(self, engine: DecoderHost) -> None:
         self.engine = engine
 
+    def observe(self, positions: int, rows: int, seconds: float, prefill: bool) -> None:
+        """The engine's mixed forward just run and what it cost (the fast profile's draft lengths use it)."""
+
     def begin(self, req: EngineRequest, logits: torch.Tensor) -> None:
         n = req.params.n
         if n > 1:
