@@ -11,13 +11,15 @@ another. Both sides are measured as the engine runs:
   as seconds against positions, a least-squares line with recent forwards weighing more; its slope is
   what one more position costs. ``position_value`` puts that in tokens: slope x the tokens per second the
   forwards emit, i.e. the share of a token's worth of time one more position takes.
-- per request, the chance ``q`` that a draft token is accepted given the ones before it were (accepted
-  tokens over accepted tokens plus the steps that rejected one, decayed so a request that starts copying
-  is noticed).
+- per request, two chances, decayed so a request that starts or stops copying is noticed: ``first``, that
+  a draft's first token is accepted, and ``then``, that a token after an accepted one is. Copying comes in
+  runs: a lookup whose first token is right is usually inside a copied span, so ``then`` is much higher
+  than ``first`` (one rate for both would cut drafts short exactly where they pay).
 
-The i-th draft token adds q^i expected tokens for one position, so ``draft_length`` proposes the largest k
-with q^k above the position's value (none when q is below it). Greedy and sampled outputs do not depend on
-k (``lookup.verify`` keeps the target's distribution for any draft), only the speed does.
+The i-th draft token adds first x then^(i-1) expected tokens for one position, so ``draft_length`` proposes
+the largest k whose k-th token is still worth more than the position (none when the first is not).
+Greedy and sampled outputs do not depend on k (``lookup.verify`` keeps the target's distribution for any
+draft), only the speed does.
 """
 
 from __future__ import annotations
@@ -63,16 +65,37 @@ class ForwardCost:
         return None if slope is None else slope * self.tokens_per_s
 
 
-def acceptance(accepted: float, rejected: float) -> float:
-    """The chance a draft token is accepted given the ones before it were: accepted over accepted plus
-    rejections (one per step that rejected a token), with one of each as a prior."""
-    return (accepted + 1.0) / (accepted + rejected + 2.0)
+class Acceptance:
+    """A request's draft record: how often a draft's first token is accepted, and a token after an accepted
+    one; counts decay by ``decay`` a step, with one accept and one reject as the prior (a fresh request: 1/2)."""
+
+    def __init__(self, decay: float = 0.9) -> None:
+        self.decay = decay
+        self.first_ok = self.first_no = self.then_ok = self.then_no = 0.0
+
+    def update(self, proposed: int, accepted: int) -> None:
+        d = self.decay
+        self.first_ok, self.first_no = d * self.first_ok + (accepted > 0), d * self.first_no + (accepted == 0)
+        if accepted and proposed > 1:  # only a step past its first token says anything about the run rate
+            self.then_ok = d * self.then_ok + accepted - 1
+            self.then_no = d * self.then_no + (accepted < proposed)
+
+    @property
+    def first(self) -> float:
+        return (self.first_ok + 1) / (self.first_ok + self.first_no + 2)
+
+    @property
+    def then(self) -> float:
+        return (self.then_ok + 1) / (self.then_ok + self.then_no + 2)
 
 
-def draft_length(q: float, value: float, k_max: int) -> int:
-    """The largest k <= ``k_max`` whose k-th draft token is still expected to pay: q^k > ``value``."""
-    if k_max <= 0 or q <= value:
+def draft_length(first: float, then: float, value: float, k_max: int) -> int:
+    """The largest k <= ``k_max`` whose k-th draft token is still expected to pay: first x then^(k-1) > ``value``."""
+    if k_max <= 0 or first <= value:
         return 0
-    if value <= 0 or q >= 1:
+    if value <= 0 or then >= 1:
         return k_max
-    return max(0, min(k_max, math.ceil(math.log(value) / math.log(q)) - 1))
+    if then <= 0:
+        return 1
+    more = math.ceil(math.log(value / first) / math.log(then)) - 1  # tokens after the first that still pay
+    return max(1, min(k_max, 1 + more))

@@ -39,7 +39,7 @@ import torch
 
 from temper.rollout.config import SpeculativeConfig
 from temper.rollout.decoding import SamplingParams, scaled_logits
-from temper.rollout.draft_cost import ForwardCost, acceptance, draft_length
+from temper.rollout.draft_cost import Acceptance, ForwardCost, draft_length
 from temper.rollout.kv_cache import crop_cache, kv_of
 from temper.rollout.mixed import Segment
 from temper.rollout.requests import DecoderHost, EngineRequest
@@ -119,7 +119,7 @@ class LookupDecoder(StandardDecoder):
             self.cost.observe(positions, rows, seconds)
 
     def begin(self, req: EngineRequest, logits: torch.Tensor) -> None:
-        req.extra.update(accepted=0.0, rejected=0.0)
+        req.extra["acceptance"] = Acceptance()
         super().begin(req, logits)
 
     def _propose(self, req: EngineRequest) -> list[int]:
@@ -135,7 +135,8 @@ class LookupDecoder(StandardDecoder):
         if value is None:  # the cost of a position not measured yet
             k = min(self.spec.num_assistant_tokens, room)
         else:
-            k = draft_length(acceptance(x["accepted"], x["rejected"]), value, min(self.spec.max_draft_tokens, room))
+            a = x["acceptance"]
+            k = draft_length(a.first, a.then, value, min(self.spec.max_draft_tokens, room))
         if k == 0 and room > 0:
             if not x.pop("probe", False):
                 self._back_off(x)
@@ -207,9 +208,8 @@ class LookupDecoder(StandardDecoder):
         s = self.stats
         s["steps"], s["proposed"], s["accepted"], s["emitted"] = (
             s["steps"] + 1, s["proposed"] + len(draft), s["accepted"] + accepted, s["emitted"] + emitted)
-        x = req.extra  # what this request's drafts earn, recent steps weighing more (see draft_cost.py)
-        x["accepted"] = 0.9 * x["accepted"] + accepted
-        x["rejected"] = 0.9 * x["rejected"] + (accepted < len(draft))
+        x = req.extra
+        x["acceptance"].update(len(draft), accepted)  # what this request's drafts earn (draft_cost.py)
         if accepted:
             x["backoff"] = 1
         else:  # not one token right: skip the next 1, 2, 4 .. 16 steps' drafts (an unaccepted one costs)

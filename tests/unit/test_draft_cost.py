@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from temper.rollout.draft_cost import ForwardCost, acceptance, draft_length
+from temper.rollout.draft_cost import Acceptance, ForwardCost, draft_length
 
 
 def test_the_forward_cost_line_recovers_the_cost_of_a_position_and_its_value_in_tokens():
@@ -32,22 +32,30 @@ def test_the_cost_is_unknown_until_forwards_of_different_sizes_were_seen():
     assert cost.n == 4
 
 
-@pytest.mark.parametrize("q, value, k_max, k", [
-    (0.9, 0.12, 16, 16),  # 0.9^16 = 0.185 > 0.12: all 16
-    (0.7, 0.12, 16, 5),  # 0.7^5 = 0.168 > 0.12 >= 0.7^6 = 0.118
-    (0.5, 0.12, 16, 3),  # 0.125 > 0.12
-    (0.5, 0.125, 16, 2),  # 0.5^3 equals the value: not above it
-    (0.1, 0.12, 16, 0),  # drafts fail more often than a position is worth: none
-    (0.5, 0.52, 16, 0),  # batch 8 on a CPU: a position costs half a token
-    (0.8, 0.52, 16, 2),
-    (0.5, 0.0, 7, 7),  # free positions: as many as allowed
-    (0.5, 0.1, 0, 0),  # no room left
+@pytest.mark.parametrize("first, then, value, k_max, k", [
+    (0.9, 0.9, 0.12, 16, 16),  # 0.9 * 0.9^15 = 0.185 > 0.12: all 16
+    (0.7, 0.7, 0.12, 16, 5),  # 0.7^5 = 0.168 > 0.12 >= 0.7^6 = 0.118
+    (0.5, 0.5, 0.12, 16, 3),  # 0.125 > 0.12
+    (0.5, 0.5, 0.125, 16, 2),  # 0.5^3 equals the value: not above it
+    (0.3, 0.9, 0.12, 16, 9),  # copying in runs: a rare first hit, then long: 0.3 * 0.9^8 = 0.129 > 0.12
+    (0.1, 0.95, 0.12, 16, 0),  # first tokens fail more often than a position is worth: none
+    (0.5, 0.9, 0.52, 16, 0),  # batch 8 on a CPU: a position costs half a token
+    (0.8, 0.8, 0.52, 16, 2),
+    (0.6, 0.1, 0.12, 16, 1),  # the first pays, the second (0.06) does not
+    (0.5, 0.5, 0.0, 7, 7),  # free positions: as many as allowed
+    (0.5, 0.5, 0.1, 0, 0),  # no room left
 ])
-def test_the_draft_length_is_the_last_token_expected_to_pay(q, value, k_max, k):
-    assert draft_length(q, value, k_max) == k
+def test_the_draft_length_is_the_last_token_expected_to_pay(first, then, value, k_max, k):
+    assert draft_length(first, then, value, k_max) == k
 
 
-def test_acceptance_starts_at_a_half_and_follows_the_request():
-    assert acceptance(0, 0) == 0.5
-    assert acceptance(9, 1) == pytest.approx(10 / 12)
-    assert acceptance(0, 10) == pytest.approx(1 / 12)
+def test_acceptance_tells_first_tokens_from_the_tokens_after_them():
+    a = Acceptance()
+    assert a.first == a.then == 0.5  # the prior
+    for _ in range(20):  # a copier: half its drafts miss at once, the other half are taken whole
+        a.update(8, 0)
+        a.update(8, 8)
+    assert 0.4 < a.first < 0.6 and a.then > 0.95
+    for _ in range(40):  # it stops copying: every first token rejected; the run rate is kept, not relearned
+        a.update(1, 0)
+    assert a.first < 0.1 and a.then > 0.95
