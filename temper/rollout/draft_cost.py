@@ -1,68 +1,81 @@
 """How many draft tokens a prompt-lookup step should verify, from what a verified position costs on this machine.
 
-Why a cost model and not a fixed rule: a draft token rides in the target's forward as one more position.
-On a GPU at small batch that is nearly free; on a CPU it is not (SmolLM2-135M on 2 cores: a 1-token forward
-34 ms, 2 tokens 38.5, 5 tokens 54, 9 tokens 67), and in a batch of 8 one request's extra positions slow all 8
-rows. A draft token pays only when the tokens it is expected to add are worth more than the time it adds, so
-the same acceptance rate can be worth drafting at batch 1 and not at batch 8, or on one machine and not on
-another. Both sides are measured as the engine runs:
+Why a cost model and not a fixed rule: a draft token rides in the target's forward as one more position,
+and what that costs depends on the machine and the batch. Measured on this 2-core CPU with SmolLM2-135M
+(one forward over a 300-token cache): 1 new position 70 ms, 2: 110, 3: 128, 5: 103, 9: 118, 17: 140. The
+first draft token is the expensive one (a forward of one position per row runs matrix-vector kernels;
+two or more run matrix-matrix ones), every later one is cheap; in a batch of 8 rows the forward is
+already a matrix-matrix one, so drafts only add their few positions. A rule that ignores this drafts one
+token where drafting at all costs half a forward, and too few where it pays. Both sides are measured as
+the engine runs:
 
-- ``ForwardCost``: the engine's decode forwards (prefill chunks aside: their positions cost differently)
-  as seconds against positions, a least-squares line with recent forwards weighing more; its slope is
-  what one more position costs. ``position_value`` puts that in tokens: slope x the tokens per second the
-  forwards emit, i.e. the share of a token's worth of time one more position takes.
+- ``ForwardCost``: the engine's decode forwards (prefill chunks aside) as seconds = a + b x positions +
+  c x [more than one position], a least-squares fit with recent forwards weighing more: ``c`` is
+  what verifying at all costs, ``b`` each position. With the tokens the forwards emit per second, both
+  are put in tokens' worth of time.
 - per request, two chances, decayed so a request that starts or stops copying is noticed: ``first``, that
   a draft's first token is accepted, and ``then``, that a token after an accepted one is. Copying comes in
   runs: a lookup whose first token is right is usually inside a copied span, so ``then`` is much higher
   than ``first`` (one rate for both would cut drafts short exactly where they pay).
 
-The i-th draft token adds first x then^(i-1) expected tokens for one position, so ``draft_length`` proposes
-the largest k whose k-th token is still worth more than the position (none when the first is not).
-Greedy and sampled outputs do not depend on k (``lookup.verify`` keeps the target's distribution for any
-draft), only the speed does.
+A draft of k tokens adds first x (1 + then + .. + then^(k-1)) expected tokens; ``draft_length`` proposes
+the k with the most expected tokens over what its positions cost (none when no k gains), so a request
+that copies long runs drafts long and one that rarely copies does not draft. Greedy and sampled outputs
+do not depend on k (``lookup.verify`` keeps the target's distribution for any draft), only the speed does.
 """
 
 from __future__ import annotations
 
-import math
+from collections.abc import Callable
+
+import numpy as np
 
 
 class ForwardCost:
-    """A forward's seconds as ``a + b * positions`` over recent decode forwards; the tokens they emit per second."""
+    """A decode forward's seconds as ``a + b * positions + c * [more than one position]`` over recent
+    forwards, and the tokens they emit per second."""
 
     def __init__(self, decay: float = 0.97, warmup: int = 8) -> None:
         self.decay, self.warmup = decay, warmup
         self.n = 0
-        self._w = self._x = self._y = self._xx = self._xy = 0.0
+        self._xtx = np.zeros((3, 3))
+        self._xty = np.zeros(3)
         self.tokens_per_s = 0.0
+        self.rows = 1  # decode rows of the latest forward
 
-    def observe(self, positions: int, tokens: int, seconds: float) -> None:
-        """One decode forward: ``positions`` new positions (rows and drafts), ``tokens`` rows it emits for."""
-        if seconds <= 0:
+    def observe(self, positions: int, rows: int, seconds: float) -> None:
+        """One decode forward: ``positions`` new positions (rows and drafts) over ``rows`` rows."""
+        if seconds <= 0 or rows <= 0:
             return
-        d = self.decay
-        self._w, self._x, self._y = d * self._w + 1, d * self._x + positions, d * self._y + seconds
-        self._xx, self._xy = d * self._xx + positions * positions, d * self._xy + positions * seconds
-        rate = tokens / seconds
+        x = np.array([1.0, positions, float(positions > 1)])
+        self._xtx = self.decay * self._xtx + np.outer(x, x)
+        self._xty = self.decay * self._xty + x * seconds
+        rate = rows / seconds
         self.tokens_per_s = rate if self.n == 0 else 0.9 * self.tokens_per_s + 0.1 * rate
+        self.rows = rows
         self.n += 1
 
-    def per_position(self) -> float | None:
-        """Seconds one more position adds (the line's slope, never below 0); None until the forwards seen
-        differ in positions (a slope needs two sizes) and ``warmup`` of them were seen."""
+    def fit(self) -> tuple[float, float] | None:
+        """(seconds per position, seconds for verifying at all), neither below 0; None until ``warmup``
+        forwards were seen. A term the forwards never varied (no drafts yet) is held at 0 by a small ridge."""
         if self.n < self.warmup:
             return None
-        mean_x = self._x / self._w
-        var = self._xx / self._w - mean_x * mean_x
-        if var < 0.25:  # nearly every forward had the same size
-            return None
-        cov = self._xy / self._w - mean_x * self._y / self._w
-        return max(0.0, cov / var)
+        ridge = 1e-6 * max(1.0, float(np.trace(self._xtx)))
+        a, b, c = np.linalg.solve(self._xtx + ridge * np.eye(3), self._xty)
+        return max(0.0, float(b)), max(0.0, float(c))
 
-    def position_value(self) -> float | None:
-        """What one more position costs, in emitted tokens' worth of time; None while unknown."""
-        slope = self.per_position()
-        return None if slope is None else slope * self.tokens_per_s
+    def draft_cost(self, k: int) -> float | None:
+        """What ``k`` draft tokens of one request add to the next forward, in emitted tokens' worth of time:
+        k positions, and the verify step's own cost when the forward would otherwise be one position per row
+        (the latest forward's rows are the estimate of the next one's)."""
+        fitted = self.fit()
+        if fitted is None:
+            return None
+        per_position, verify = fitted
+        if k == 0:
+            return 0.0
+        alone = self.rows == 1  # a one-row forward: the drafts turn it into a matrix-matrix one
+        return (per_position * k + (verify if alone else 0.0)) * self.tokens_per_s
 
 
 class Acceptance:
@@ -89,13 +102,12 @@ class Acceptance:
         return (self.then_ok + 1) / (self.then_ok + self.then_no + 2)
 
 
-def draft_length(first: float, then: float, value: float, k_max: int) -> int:
-    """The largest k <= ``k_max`` whose k-th draft token is still expected to pay: first x then^(k-1) > ``value``."""
-    if k_max <= 0 or first <= value:
-        return 0
-    if value <= 0 or then >= 1:
-        return k_max
-    if then <= 0:
-        return 1
-    more = math.ceil(math.log(value / first) / math.log(then)) - 1  # tokens after the first that still pay
-    return max(1, min(k_max, 1 + more))
+def draft_length(first: float, then: float, cost: Callable[[int], float], k_max: int) -> int:
+    """The k <= ``k_max`` with the most expected tokens over their cost (``cost(k)``, in tokens); 0 when none
+    gains. A draft of k adds first x (1 + then + .. + then^(k-1)) expected tokens."""
+    best_k, best, expected = 0, 0.0, 0.0
+    for k in range(1, k_max + 1):
+        expected += first * then ** (k - 1)
+        if expected - cost(k) > best:
+            best_k, best = k, expected - cost(k)
+    return best_k

@@ -131,12 +131,11 @@ class LookupDecoder(StandardDecoder):
         seq = req.prompt + sample.token_ids
         # drafts past the token budget or the context could never be emitted
         room = min(p.max_tokens - len(sample.token_ids), self.engine.context - len(seq)) - 1
-        value = self.cost.position_value()
-        if value is None:  # the cost of a position not measured yet
+        if self.cost.fit() is None:  # what a position costs is not measured yet
             k = min(self.spec.num_assistant_tokens, room)
         else:
             a = x["acceptance"]
-            k = draft_length(a.first, a.then, value, min(self.spec.max_draft_tokens, room))
+            k = draft_length(a.first, a.then, self.cost.draft_cost, min(self.spec.max_draft_tokens, room))
         if k == 0 and room > 0:
             if not x.pop("probe", False):
                 self._back_off(x)

@@ -1,4 +1,4 @@
-"""The fast profile's draft length: the measured cost of a position against a request's acceptance."""
+"""The fast profile's draft length: the measured cost of verifying against a request's acceptance."""
 
 from __future__ import annotations
 
@@ -7,46 +7,56 @@ import pytest
 from temper.rollout.draft_cost import Acceptance, ForwardCost, draft_length
 
 
-def test_the_forward_cost_line_recovers_the_cost_of_a_position_and_its_value_in_tokens():
+def cpu_like(positions: int) -> float:
+    """SmolLM2 on 2 cores, roughly: 70 ms for one position, +35 ms to verify at all, +2.5 ms a position."""
+    return 0.0675 + 0.0025 * positions + (0.035 if positions > 1 else 0.0)
+
+
+def test_the_fit_recovers_the_cost_of_verifying_and_of_each_position():
     cost = ForwardCost()
-    for i in range(40):  # 8 rows decoding, 0..6 extra draft positions: 30 ms + 4 ms a position
-        positions = 8 + i % 7
-        cost.observe(positions, 8, 0.030 + 0.004 * positions)
-    assert cost.per_position() == pytest.approx(0.004, rel=1e-6)
-    rate = cost.tokens_per_s  # 8 tokens per 0.062 .. 0.086 s
-    assert 93 < rate < 130 and cost.position_value() == pytest.approx(0.004 * rate)
+    for i in range(40):  # one request: plain steps and drafts of 1..6
+        cost.observe(1 + i % 7, 1, cpu_like(1 + i % 7))
+    per_position, verify = cost.fit()
+    assert per_position == pytest.approx(0.0025, rel=1e-3) and verify == pytest.approx(0.035, rel=1e-3)
+    rate = cost.tokens_per_s
+    assert cost.draft_cost(0) == 0.0
+    assert cost.draft_cost(4) == pytest.approx((0.035 + 4 * 0.0025) * rate, rel=1e-3)  # alone: the verify step too
 
 
-def test_the_cost_is_unknown_until_forwards_of_different_sizes_were_seen():
-    cost = ForwardCost(warmup=4)
-    for _ in range(20):
-        cost.observe(8, 8, 0.05)  # every forward the same size: no slope to fit
-    assert cost.per_position() is None and cost.position_value() is None
+def test_in_a_batch_a_draft_pays_only_its_positions():
+    cost = ForwardCost()
+    for i in range(40):  # 8 rows, each forward already more than one position
+        cost.observe(8 + i % 5, 8, cpu_like(8 + i % 5))
+    assert cost.draft_cost(3) == pytest.approx(3 * cost.fit()[0] * cost.tokens_per_s, rel=1e-3)
+
+
+def test_the_cost_is_unknown_until_warmup_forwards_and_a_zero_time_forward_is_not_one():
     cost = ForwardCost(warmup=4)
     for positions in (1, 3, 1):
-        cost.observe(positions, 1, 0.03 + 0.004 * positions)
-    assert cost.per_position() is None  # fewer than warmup
-    cost.observe(5, 1, 0.05)
-    assert cost.per_position() == pytest.approx(0.004, rel=1e-6)
-    cost.observe(1, 1, 0.0)  # a zero-time forward (a clock's tick) is not a measurement
-    assert cost.n == 4
+        cost.observe(positions, 1, cpu_like(positions))
+    assert cost.fit() is None and cost.draft_cost(2) is None
+    cost.observe(1, 1, 0.0)
+    assert cost.n == 3
+    cost.observe(5, 1, cpu_like(5))
+    assert cost.fit() is not None
 
 
-@pytest.mark.parametrize("first, then, value, k_max, k", [
-    (0.9, 0.9, 0.12, 16, 16),  # 0.9 * 0.9^15 = 0.185 > 0.12: all 16
-    (0.7, 0.7, 0.12, 16, 5),  # 0.7^5 = 0.168 > 0.12 >= 0.7^6 = 0.118
-    (0.5, 0.5, 0.12, 16, 3),  # 0.125 > 0.12
-    (0.5, 0.5, 0.125, 16, 2),  # 0.5^3 equals the value: not above it
-    (0.3, 0.9, 0.12, 16, 9),  # copying in runs: a rare first hit, then long: 0.3 * 0.9^8 = 0.129 > 0.12
-    (0.1, 0.95, 0.12, 16, 0),  # first tokens fail more often than a position is worth: none
-    (0.5, 0.9, 0.52, 16, 0),  # batch 8 on a CPU: a position costs half a token
-    (0.8, 0.8, 0.52, 16, 2),
-    (0.6, 0.1, 0.12, 16, 1),  # the first pays, the second (0.06) does not
-    (0.5, 0.5, 0.0, 7, 7),  # free positions: as many as allowed
-    (0.5, 0.5, 0.1, 0, 0),  # no room left
+@pytest.mark.parametrize("first, then, k", [
+    (0.05, 0.9, 0),  # rarely copies: no draft is worth verifying
+    (0.4, 0.2, 0),  # short runs: 0.4 + 0.08 tokens do not pay the verify step (~0.6 of a token)
+    (0.4, 0.9, 16),  # long runs: every position pays once the verify step is paid
+    (0.9, 0.5, 5),  # the 6th token (0.9 * 0.5^5 = 0.028) is worth less than its position (0.035)
 ])
-def test_the_draft_length_is_the_last_token_expected_to_pay(first, then, value, k_max, k):
-    assert draft_length(first, then, value, k_max) == k
+def test_the_draft_length_is_the_most_tokens_over_their_cost(first, then, k):
+    def cost(n):  # one request alone: verifying costs 0.5 of a token, each position 0.035
+        return 0.5 + 0.035 * n
+
+    assert draft_length(first, then, cost, 16) == k
+
+
+def test_free_positions_draft_all_allowed_and_no_room_drafts_none():
+    assert draft_length(0.3, 0.5, lambda n: 0.0, 7) == 7
+    assert draft_length(0.9, 0.9, lambda n: 0.0, 0) == 0
 
 
 def test_acceptance_tells_first_tokens_from_the_tokens_after_them():
