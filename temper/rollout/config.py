@@ -82,7 +82,8 @@ class SpeculativeConfig(BaseModel):
                                   "with quantize_draft means an int8 copy of the target.")
     quantize_draft: bool = Field(default=False, description="int8 dynamic-quantize the draft's Linear layers (CPU).")
     num_assistant_tokens: int = Field(default=5, ge=1, description="Draft tokens proposed per verification "
-                                      "(prompt_lookup: the first step's; then adapted per request).")
+                                      "(prompt_lookup: until the engine has measured what a verified position "
+                                      "costs; then from that cost and the request's acceptance, draft_cost.py).")
     max_draft_tokens: int = Field(default=16, ge=1, description="prompt_lookup: most draft tokens one step proposes.")
     max_ngram: int = Field(default=3, ge=1, le=8, description="prompt_lookup: longest suffix n-gram looked up.")
     tokens_per_turn: int = Field(
