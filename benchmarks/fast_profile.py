@@ -10,9 +10,9 @@ Instruct when `make realistic` installed it (prompts through its chat template).
 
 Batch 1: the prompts one after another; tokens/s = tokens / summed latency; TTFT = the median request's.
 Batch 8: 8 prompts submitted together; tokens/s = tokens / wall. The standard profile runs its default
-(mixed batches: the 8 requests' decode rows in one forward); the fast profile verifies each request in a
-forward of its own. Each repeat runs standard and fast back to back in alternating order; the ratio is per
-repeat, reported as median and [min, max].
+(mixed batches: the 8 requests' decode rows in one forward); the fast profile too, each request's verify
+(its last token and its drafts) being its segment of that one forward. Each repeat runs standard and fast
+back to back in alternating order; the ratio is per repeat, reported as median and [min, max].
 
 Run: PYTHONPATH=. .venv/bin/python benchmarks/fast_profile.py [--repeats 3] [--max-tokens 64]
      [--models tiny,smollm2] [--out benchmarks/results/fast_profile.md]

@@ -128,7 +128,8 @@ class EngineConfig(BaseModel):
         default=True,
         description="One forward per scheduler step over every running request (decode rows first, then prefill "
                     "chunks up to forward_token_budget); False: one forward per request and lane time shares. "
-                    "Only the standard profile on Llama/Mistral/Qwen2-style models mixes (temper/rollout/mixed.py).")
+                    "Llama/Mistral/Qwen2-style models mix (temper/rollout/mixed.py), in the standard profile and "
+                    "the prompt-lookup fast profile (a request's verify is its segment of the forward).")
     forward_token_budget: int = Field(
         default=256, ge=1,
         description="Mixed batches: most new tokens in one forward. Decode rows always run (never wait); "
