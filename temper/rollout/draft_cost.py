@@ -42,7 +42,7 @@ class ForwardCost:
         self._xty = np.zeros(3)
         self.tokens_per_s = 0.0
         self.rows = 1  # decode rows of the latest forward
-        self._fitted: tuple[float, float] | None | bool = False
+        self._fitted: tuple[float, float] | None = None
 
     def observe(self, positions: int, rows: int, seconds: float) -> None:
         """One decode forward: ``positions`` new positions (rows and drafts) over ``rows`` rows."""
@@ -55,17 +55,14 @@ class ForwardCost:
         self.tokens_per_s = rate if self.n == 0 else 0.9 * self.tokens_per_s + 0.1 * rate
         self.rows = rows
         self.n += 1
-        self._fitted: tuple[float, float] | None | bool = False  # refit on the next ask
+        if self.n >= self.warmup:  # solved here, once a forward, not per request and k (a solve is ~20 us, a
+            ridge = 1e-6 * max(1.0, float(np.trace(self._xtx)))  # tiny model's whole step ~2 ms)
+            _, b, c = np.linalg.solve(self._xtx + ridge * np.eye(3), self._xty)
+            self._fitted = max(0.0, float(b)), max(0.0, float(c))
 
     def fit(self) -> tuple[float, float] | None:
         """(seconds per position, seconds for verifying at all), neither below 0; None until ``warmup``
         forwards were seen. A term the forwards never varied (no drafts yet) is held at 0 by a small ridge."""
-        if self.n < self.warmup:
-            return None
-        if self._fitted is False:  # once per forward, not per request and k (a solve is ~20 us, a tiny
-            ridge = 1e-6 * max(1.0, float(np.trace(self._xtx)))  # model's whole step ~2 ms)
-            _, b, c = np.linalg.solve(self._xtx + ridge * np.eye(3), self._xty)
-            self._fitted = max(0.0, float(b)), max(0.0, float(c))
         return self._fitted
 
     def draft_cost(self, k: int) -> float | None:
