@@ -60,6 +60,16 @@ def _fds() -> int:
     return len(os.listdir("/proc/self/fd"))
 
 
+def file_tasks(**params):
+    """The catalog's ``file_tasks`` domain with these verifier params (turns, budgets) over its own."""
+    from temper.data.catalog import load_catalog
+    from tests.conftest import REPO
+
+    domain = load_catalog(REPO / "domains")["file_tasks"]
+    return domain.model_copy(update={"verifier": domain.verifier.model_copy(
+        update={"params": {**domain.verifier.params, **params}})})
+
+
 PROBES = [  # the episode's last turns: the box's limits hold after 495 turns, and its state is intact
     "<bash>head -c 100M /dev/zero > big.bin; echo rc=$?; stat -c %s big.bin</bash>",
     "<bash>for i in 1 2 3 4 5 6; do head -c 60M /dev/zero > d$i.bin || break; done; echo wrote=$i; rm -f d*.bin</bash>",
@@ -147,19 +157,15 @@ def test_a_200_turn_episode_inside_a_grpo_step_keeps_its_masks_and_gives_its_box
     to the pool and the verifier keeps its fds and children over the step."""
     import torch
 
-    from temper.data.catalog import load_catalog
-    from tests.conftest import REPO
-    from tests.integration.test_multiturn_grpo import ScriptedRollout, trainer_for
+    from tests.integration.test_multiturn_grpo import ScriptedRollout, task_rows, trainer_for
 
     n = 200
-    domain = load_catalog(REPO / "domains")["file_tasks"]
-    domain = domain.model_copy(update={"verifier": domain.verifier.model_copy(
-        update={"params": {**domain.verifier.params, "max_turns": n, "budget_s": 600, "history_chars": 1500}})})
+    domain = file_tasks(max_turns=n, budget_s=600, history_chars=1500)
     # short turns (the tokenizer is per byte); every tenth prints 1..100 (292 chars)
     solves = [f"<bash>echo {i} >>l</bash>" if i % 10 else "<bash>seq 100</bash>" for i in range(1, n)] + ["<done/>"]
     record = {"instruction": "append the numbers 1 to 199 but the tens to file l, one per line", "start_files": "{}",
               "end_files": json.dumps({"l": "".join(f"{i}\n" for i in range(1, n) if i % 10)})}
-    rows = [{"prompt": domain.render_prompt(record), "domain": domain.name, "record": json.dumps(record)}]
+    rows = task_rows(domain, [record])
     misses = solves[:100] + [f"<bash>echo {i} >>m</bash>" for i in range(101, n)] + ["<done/>"]
     me = psutil.Process()
     with SandboxPool("shell", size=2, spare=0) as pool:
@@ -196,17 +202,14 @@ import json, sys
 from pathlib import Path
 
 from infra.sandbox import SandboxPool
-from temper.data.catalog import load_catalog
-from tests.conftest import REPO
-from tests.integration.test_multiturn_grpo import ScriptedRollout, trainer_for
+from tests.integration.test_long_episodes import file_tasks
+from tests.integration.test_multiturn_grpo import ScriptedRollout, task_rows, trainer_for
 
 model, out, n = sys.argv[1], Path(sys.argv[2]), int(sys.argv[3])
-domain = load_catalog(REPO / "domains")["file_tasks"]
-domain = domain.model_copy(update={"verifier": domain.verifier.model_copy(
-    update={"params": {**domain.verifier.params, "max_turns": n, "budget_s": 600}})})
+domain = file_tasks(max_turns=n, budget_s=600)
 record = {"instruction": f"append the numbers 1 to {n - 1} to file l", "start_files": "{}",
           "end_files": json.dumps({"l": "".join(f"{i}\n" for i in range(1, n))})}
-rows = [{"prompt": domain.render_prompt(record), "domain": domain.name, "record": json.dumps(record)}]
+rows = task_rows(domain, [record])
 solves = [f"<bash>echo {i} >>l</bash>" for i in range(1, n)] + ["<done/>"]
 
 
@@ -288,18 +291,14 @@ def test_a_long_engine_episode_reuses_its_whole_history_from_the_prefix_cache_ac
     turn in the cache, after the history budget runs out as before it (a policy that rewrote earlier
     observations would miss from the first rewritten one on). The engine samples each turn (the tiny model's
     text); the box plays the script's action for it, so the observations are real and outgrow the budget."""
-    from temper.data.catalog import load_catalog
     from temper.training.multiturn import MultiTurnRollout
     from temper.verifiers.families.episode import episode_limits
-    from tests.conftest import REPO
-    from tests.integration.test_multiturn_grpo import trainer_for
+    from tests.integration.test_multiturn_grpo import task_rows, trainer_for
 
     n = 40
-    domain = load_catalog(REPO / "domains")["file_tasks"]
-    domain = domain.model_copy(update={"verifier": domain.verifier.model_copy(update={"params": {
-        **domain.verifier.params, "max_turns": n, "budget_s": 600, "history_chars": 600, "turn_tokens": 8}})})
+    domain = file_tasks(max_turns=n, budget_s=600, history_chars=600, turn_tokens=8)
     record = {"instruction": "count", "start_files": "{}", "end_files": "{}"}
-    rows = [{"prompt": domain.render_prompt(record), "domain": domain.name, "record": json.dumps(record)}]
+    rows = task_rows(domain, [record])
 
     class Scripted(FilesEnvironment):
         def step(self, text):

@@ -37,11 +37,15 @@ class ScriptedRollout(MultiTurnRollout):
         return out
 
 
+def task_rows(domain, records: list[dict]) -> list[dict]:
+    """The GRPO dataset rows of ``records`` (what the multi-turn rollout reads: prompt, domain, record)."""
+    return [{"prompt": domain.render_prompt(r), "domain": domain.name, "record": json.dumps(r)} for r in records]
+
+
 def ledger_rows(n):
     domain = load_catalog(REPO / "domains")["ledger_tasks"]
     records = generate("ledger_tasks", n, 0, 0.1, {}).to_dict("records")
-    return domain, records, [{"prompt": domain.render_prompt(r), "domain": domain.name, "record": json.dumps(r)}
-                             for r in records]
+    return domain, records, task_rows(domain, records)
 
 
 def trainer_for(tiny, rows, rollout, tmp_path, **config):
@@ -156,7 +160,7 @@ def test_a_dying_or_hanging_sandbox_fails_its_episode_not_the_step(tiny_model, t
     domain = domain.model_copy(update={"verifier": domain.verifier.model_copy(
         update={"params": {**domain.verifier.params, "step_timeout_s": 1.0}})})
     records = generate("file_tasks", 1, 0, 0.1, {}).to_dict("records")
-    rows = [{"prompt": domain.render_prompt(r), "domain": domain.name, "record": json.dumps(r)} for r in records]
+    rows = task_rows(domain, records)
     reference = json.loads(records[0]["reference"])
     scripts = [reference, ["<bash>ls</bash>", "<bash>ls</bash>", "<done/>"] if second == "dies"
                else ["<bash>ls</bash>", "<bash>sleep 30</bash>", "<done/>"]]
