@@ -1,7 +1,7 @@
 """post_training: the lifecycle DAG of one candidate model.
 
     resolve catalog -> validate contracts (mapped, cached by digest) -> lifecycle run
-    -> SFT (optional) -> GRPO -> eval base and candidate (mapped per domain, eval jobs)
+    -> SFT (optional) -> GRPO -> eval base (kept results reused) and candidate (eval jobs)
     -> champion lookup -> gate -> register version + alias -> report (Prefect + MLflow)
 
 A contract violation ends the flow right after validation: no training task, no model
@@ -94,6 +94,8 @@ def post_training(params: PostTrainingParams = PostTrainingParams(), continues: 
     held_names = {r.name for r in resolve_domains(params.held_out)} if params.held_out else set()
     refs, gated_weights, uncalibrated = calibration_gate(resolve_domains(params.domains + params.held_out),
                                                          params.mixing_weights)
+    # the chosen eval suite is resolved now: a misspelt eval domain fails before any compute is spent on training
+    suite_refs = resolve_domains(params.eval.domains) if params.eval.domains else []
     for name, reason in uncalibrated.items():
         logger.warning("domain %s %s", name, reason)
     reports = validate_domain.map(refs, unmapped(validation_workers(len(refs)))).result()
@@ -138,8 +140,10 @@ def post_training(params: PostTrainingParams = PostTrainingParams(), continues: 
     # default suite: every validated domain that has held-out data (eval-only ones included)
     suite = default_suite
     if params.eval.domains:  # a chosen suite, and the held-out domains, which are there to be evaluated
-        suite = sorted({r.name for r in resolve_domains(params.eval.domains)} | (held_names & set(domains)))
-    before = evaluate.submit(base, suite, params.eval, "base", lifecycle_run_id, params.backend)
+        suite = sorted({r.name for r in suite_refs} | (held_names & set(domains)))
+    # the base model's result per domain, keyed by the dataset digests resolved when the run started
+    digests = {r.name: r.digest for r in [*refs, *suite_refs] if r.digest} if params.eval.reuse_base else None
+    before = evaluate.submit(base, suite, params.eval, "base", lifecycle_run_id, params.backend, digests)
     after = evaluate.submit(model, suite, params.eval, "candidate", lifecycle_run_id, params.backend)
     before, after = before.result(), after.result()
     # what training did, per domain, with intervals (paired bootstrap, Holm): the report's table

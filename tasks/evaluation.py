@@ -15,6 +15,7 @@ from infra.tracking.connection import configure
 from tasks.tracking import MLFLOW_RETRY
 from temper.core.errors import TemperError
 from temper.core.settings import Backend, get_settings
+from temper.lifecycle.eval_reuse import keep_result, load_result, reuse_keys
 from temper.lifecycle.evaluation import record_eval, recorded_evals, summary
 from temper.lifecycle.execution import execution_for
 from temper.lifecycle.params import EvalSettings
@@ -28,7 +29,7 @@ from temper.registry.versions import resolve_version
 
 @task(retries=1, retry_delay_seconds=5, task_run_name="eval-{label}")
 def evaluate(model_dir: str, domains: list[str], settings: EvalSettings, label: str,
-             parent_run_id: str | None, backend: Backend) -> list[dict]:
+             parent_run_id: str | None, backend: Backend, reuse: dict[str, str] | None = None) -> list[dict]:
     """Mean reward, pass rate and n of ``model_dir`` on each domain, one MLflow eval run per domain.
 
     The domains go to ``settings.shards`` eval processes (locally) or Jobs (Kubernetes) at once,
@@ -36,11 +37,40 @@ def evaluate(model_dir: str, domains: list[str], settings: EvalSettings, label: 
     writes ``<domain>.json`` where the execution backend says (a local folder, or the store), and
     the results are read back from there the same way for either. ``backend``: the flow's, resolved
     when the flow run started. With a rollout backend in the settings the jobs generate through it.
+
+    ``reuse`` (domain -> dataset digest; the flow gives it for the base model): a domain whose result with the
+    same model, data, settings and code is kept in the store (``temper.lifecycle.eval_reuse``) is recorded from
+    there, tagged with the run that computed it, and gets no job; what is computed is kept for the next run.
     """
     logger = get_run_logger()
     if parent_run_id and (done := recorded_evals(parent_run_id, label, domains)) is not None:
         logger.info("eval-%s: every domain's result was recorded by an earlier attempt of this run", label)
         return done
+    keys = reuse_keys(model_dir, reuse, settings.limit, settings.max_new_tokens) if reuse and parent_run_id else {}
+    kept = {d: r for d in domains if d in keys and (r := load_result(keys[d])) is not None}
+    if kept:
+        logger.info("eval-%s: %d of %d domain(s) reused from earlier runs with the same model, data, settings and "
+                    "code", label, len(kept), len(domains))
+    fresh = _run_eval_jobs(model_dir, [d for d in domains if d not in kept], settings, label, parent_run_id, backend)
+    results = []
+    for domain in domains:
+        result = kept.get(domain) or fresh[domain]
+        logger.info("%s on %s: mean reward %.3f, pass rate %.3f (n=%d)%s", label, domain, result["mean_reward"],
+                    result["pass_rate"], result["n"], " (reused)" if domain in kept else "")
+        if parent_run_id:
+            result["run_id"] = record_eval(result, label, parent_run_id, reused_from=result.get("computed_by"))
+            if domain in keys and domain not in kept:
+                keep_result(keys[domain], result, result["run_id"])
+        results.append(summary(result))
+    return results
+
+
+def _run_eval_jobs(model_dir: str, domains: list[str], settings: EvalSettings, label: str,
+                   parent_run_id: str | None, backend: Backend) -> dict[str, dict]:
+    """The eval jobs of ``domains`` (sharded), their results read back: domain -> result."""
+    if not domains:
+        return {}
+    logger = get_run_logger()
     execution = execution_for(backend)
     shards = max(1, min(settings.shards, len(domains)))
     name = job_name(f"eval-{label}", parent_run_id or uuid.uuid4().hex, max_len=44)  # room for -s<shard>
@@ -56,15 +86,7 @@ def evaluate(model_dir: str, domains: list[str], settings: EvalSettings, label: 
     if missing:
         raise TemperError(f"eval job {name} succeeded but {len(missing)} domain(s) have no result in {out}: "
                           + ", ".join(missing[:10]))
-    results = []
-    for domain in domains:
-        result = json.loads(fs.cat_file(join(root, f"{domain}.json")))
-        logger.info("%s on %s: mean reward %.3f, pass rate %.3f (n=%d)", label, domain, result["mean_reward"],
-                    result["pass_rate"], result["n"])
-        if parent_run_id:
-            result["run_id"] = record_eval(result, label, parent_run_id)
-        results.append(summary(result))
-    return results
+    return {d: json.loads(fs.cat_file(join(root, f"{d}.json"))) for d in domains}
 
 
 @task(**MLFLOW_RETRY, task_run_name="fetch-{model_name}-{version}")

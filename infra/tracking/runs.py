@@ -47,6 +47,23 @@ def code_version(repo_dir: Path | None = None) -> str:
     return sha + ("-dirty" if dirty else "")
 
 
+def code_fingerprint(repo_dir: Path | None = None) -> str | None:
+    """The code exactly: the commit, plus the hash of the local changes to tracked files when there are any
+    (``-dirty`` alone would make two different edits look the same); None when git cannot tell."""
+    repo_dir = repo_dir or Path(__file__).resolve().parents[2]
+    version = code_version(repo_dir)
+    if version == "unknown":
+        return None
+    if not version.endswith("-dirty"):
+        return version
+    try:
+        diff = subprocess.run(["git", "diff", "HEAD", "--binary"], cwd=repo_dir, capture_output=True, check=True,
+                              timeout=30).stdout
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return f"{version}-{hashlib.sha256(diff).hexdigest()[:16]}"
+
+
 def config_hash(config: Any) -> str:
     """Stable short hash of a config (pydantic model or JSON-able object)."""
     if hasattr(config, "model_dump"):

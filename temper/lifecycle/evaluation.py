@@ -22,6 +22,7 @@ from temper.core.tag_names import (
     TAG_DOMAIN,
     TAG_EFFECTIVE_CONTEXT,
     TAG_EVAL_LABEL,
+    TAG_EVAL_REUSED_FROM,
     TAG_KIND,
     TAG_SHA256,
     TAG_STAGE,
@@ -56,11 +57,13 @@ def recorded_evals(parent_run_id: str, label: str, domains: list[str],
     return out
 
 
-def record_eval(result: dict[str, Any], label: str, parent_run_id: str, experiment: str = "post_training") -> str:
+def record_eval(result: dict[str, Any], label: str, parent_run_id: str, experiment: str = "post_training",
+                reused_from: str | None = None) -> str:
     """Log one domain's eval result as a child run of ``parent_run_id``; returns the run id.
 
     Found by its key: an earlier attempt's FINISHED run of the same eval is returned as it is, a
-    half-written one is replaced, so a lifecycle run has one eval run per (model, domain)."""
+    half-written one is replaced, so a lifecycle run has one eval run per (model, domain).
+    ``reused_from``: the eval run that computed this result (``temper.lifecycle.eval_reuse``), as a tag."""
     configure(wait=True)
     with outage_named(f"the record of the {label} eval of {result['domain']}"):
         run_id, existed = open_keyed_run(
@@ -68,7 +71,8 @@ def record_eval(result: dict[str, Any], label: str, parent_run_id: str, experime
             parent_run_id=parent_run_id, fresh=True, tags={
                 TAG_KIND: "stage", TAG_STAGE: "eval", TAG_DOMAIN: result["domain"], TAG_EVAL_LABEL: label,
                 TAG_SHA256: result["dataset_sha256"]}
-            | ({TAG_CONTEXT_CURVE: "true"} if result.get("context_lengths") else {}))
+            | ({TAG_CONTEXT_CURVE: "true"} if result.get("context_lengths") else {})
+            | ({TAG_EVAL_REUSED_FROM: reused_from} if reused_from else {}))
         if not existed:
             _log_eval(run_id, result)
     return run_id

@@ -45,6 +45,10 @@ class EvalSettings(BaseModel):
     max_new_tokens: int = Field(default=8, ge=1, description="Greedy tokens generated per eval prompt.")
     shards: int = Field(default=1, ge=1, description="Eval processes (Kubernetes: Jobs) per model, each loading the "
                         "model once and taking every shards-th domain.")
+    reuse_base: bool = Field(default=True, description="post_training: a domain's base-model result computed by an "
+                             "earlier run with the same model bytes, dataset, limit, max_new_tokens and code is "
+                             "recorded from the store instead of evaluated again (a scheduled retrain re-scores "
+                             "only its candidate).")
 
 
 class PostTrainingParams(BaseModel):

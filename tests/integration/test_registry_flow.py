@@ -71,6 +71,22 @@ def flow_registry(tmp_path_factory, prefect_api):
     get_settings.cache_clear()
 
 
+def _task_runs(state) -> list:
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
+
+    with get_client(sync_client=True) as client:
+        return client.read_task_runs(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[state.state_details.flow_run_id])))
+
+
+def _logs(task_run_id) -> list[str]:
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import LogFilter, LogFilterTaskRunId
+
+    with get_client(sync_client=True) as client:
+        return [log.message for log in client.read_logs(log_filter=LogFilter(task_run_id=LogFilterTaskRunId(any_=[task_run_id])))]
+
+
 def cli(capsys, *argv: str) -> tuple[int, str, str]:
     capsys.readouterr()
     code = main(list(argv))
@@ -117,6 +133,25 @@ def test_second_run_meets_the_champion_and_the_gate_decides(flow_registry):
     assert "tie keeps the champion" in gate["reason"] and r2["registered"]["alias"] == "candidate"
     for r in (r1, r2):
         assert _client().get_run(r["lifecycle_run_id"]).info.status == "FINISHED"
+
+
+def test_the_second_run_records_the_first_runs_base_eval_instead_of_computing_it(flow_registry):
+    """The same base model, data, eval settings and code: the second run's eval-base starts no job; its eval runs
+    carry the first run's results (per-sample rewards included) and name the runs that computed them."""
+    from temper.core.tag_names import TAG_EVAL_REUSED_FROM
+    from temper.registry.samples import eval_samples
+
+    first, second = _eval_runs("1"), _eval_runs("2")
+    for d in DOMAINS:
+        computed, reused = _client().get_run(first[("base", d)]), _client().get_run(second[("base", d)])
+        assert TAG_EVAL_REUSED_FROM not in computed.data.tags
+        assert reused.data.tags[TAG_EVAL_REUSED_FROM] == computed.info.run_id
+        assert reused.data.metrics["mean_reward"] == computed.data.metrics["mean_reward"]
+        assert eval_samples(reused.info.run_id, d) == eval_samples(computed.info.run_id, d)
+        for v in (first, second):  # candidates are always evaluated
+            assert TAG_EVAL_REUSED_FROM not in _client().get_run(v[("candidate", d)]).data.tags
+    (task_run,) = [r for r in _task_runs(flow_registry["states"][1]) if r.name == "eval-base"]
+    assert any("2 of 2 domain(s) reused" in line for line in _logs(task_run.id))  # and so no eval job started
 
 
 def test_version_samples_are_the_candidates_not_the_base_models(flow_registry):
@@ -217,7 +252,6 @@ def test_forced_promote_then_rollback_returns_to_the_flows_champion(flow_registr
 FAILURES = {  # case -> (the stage that fails, how to make it fail cheaply)
     "train-sft": ("train-sft", dict(base_model="/nonexistent/base-model")),
     "train-grpo": ("train-grpo", dict(base_model="/nonexistent/base-model", sft={"enabled": False})),
-    "resolve_domains": ("resolve_domains", dict(sft={"enabled": False}, eval={"domains": ["no-such-domain"], "limit": 4})),
     # after the version is created: MLflow refuses an alias like v<N>
     "register": ("register", dict(sft={"enabled": False}, eval={"limit": 4}, promotion={"alias": "v7"})),
     # after the model is logged, before any version: MLflow refuses ':' in a registered model's name
@@ -265,3 +299,18 @@ def test_any_failure_after_the_lifecycle_run_opens_closes_it_failed_with_a_repor
         assert [str(m.status.name if hasattr(m.status, "name") else m.status) for m in models] == ["READY"]
         assert len(versions) == (1 if case == "register" else 0)
         assert all(mv.source == f"models:/{models[0].model_id}" for mv in versions)  # the version's model is that one
+
+
+def test_a_misspelt_eval_domain_fails_before_any_training(failing_home):
+    """Was: the chosen eval suite was resolved after SFT and GRPO had run: a typo there cost the whole training
+    and failed the lifecycle run at its end. Now it fails with the catalog's lookup, before any run is opened."""
+    from flows.post_training import post_training
+
+    state = post_training(_params(model_name="failing-eval-suite", eval={"domains": ["no-such-domain"], "limit": 4}),
+                          return_state=True)
+    assert state.is_failed() and "no-such-domain" in (state.message or ""), state.message
+    c = _client()
+    experiment = c.get_experiment_by_name("post_training")
+    runs = c.search_runs([experiment.experiment_id], f"tags.`{TAG_FLOW_RUN}` = '{state.state_details.flow_run_id}'") \
+        if experiment else []
+    assert runs == [] and not c.search_registered_models("name = 'failing-eval-suite'")

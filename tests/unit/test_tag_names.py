@@ -76,6 +76,7 @@ TAG_FAILED_STAGE              temper.failed_stage
 TAG_DATA_VALIDATION           temper.data.validation
 TAG_DOMAIN                    temper.domain
 TAG_EVAL_LABEL                temper.eval.label
+TAG_EVAL_REUSED_FROM          temper.eval.reused_from
 TAG_CONTEXT_CURVE             temper.eval.context_curve
 TAG_EFFECTIVE_CONTEXT         temper.eval.effective_context
 TAG_MODEL_VERSION             temper.model_version
