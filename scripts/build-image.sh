@@ -63,6 +63,16 @@ done
 [ ${#extra[@]} -gt 0 ] && args+=(--build-arg "PIP_EXTRA_INDEX_URL=${extra[*]}")
 if [ -d /opt/wheels ]; then args+=(-v /opt/wheels:/opt/wheels:ro --build-arg PIP_FIND_LINKS=/opt/wheels); fi
 
+# The code version runs in the image record as their git commit (the image has no .git): the commit, and
+# -dirty-<sha256 of the local edits> as infra/tracking/runs.py:code_fingerprint writes it outside an image.
+if [ "$DOCKERFILE" = docker/Dockerfile ]; then
+  code=$(git rev-parse HEAD)
+  if [ -n "$(git status --porcelain --untracked-files=no)" ]; then
+    code="$code-dirty-$(git diff HEAD --binary | sha256sum | cut -c1-16)"
+  fi
+  args+=(--build-arg "TEMPER_CODE_VERSION=$code")
+fi
+
 echo "building $IMAGE" >&2
 "${PODMAN[@]}" build -f "$DOCKERFILE" "${args[@]}" -t "$IMAGE" -t "$NAME:latest" . >&2
 echo "$IMAGE"

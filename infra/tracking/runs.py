@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
+import os
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
@@ -35,7 +36,8 @@ MLFLOW_DIGEST_LEN = 32  # MLflow's dataset digest column is VARCHAR(36)
 
 
 def code_version(repo_dir: Path | None = None) -> str:
-    """Git commit of the code that runs, with '-dirty' when the tree has local changes."""
+    """Git commit of the code that runs, with '-dirty' when the tree has local changes. Outside a git checkout
+    (the workload image) the version the image was built with (``TEMPER_CODE_VERSION``, docker/Dockerfile)."""
     repo_dir = repo_dir or Path(__file__).resolve().parents[2]
     try:
         sha = subprocess.run(["git", "rev-parse", "HEAD"], cwd=repo_dir, capture_output=True, text=True,
@@ -43,13 +45,14 @@ def code_version(repo_dir: Path | None = None) -> str:
         dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=repo_dir,
                                capture_output=True, text=True, timeout=10).stdout.strip()
     except (OSError, subprocess.SubprocessError):
-        return "unknown"
+        return os.environ.get("TEMPER_CODE_VERSION") or "unknown"
     return sha + ("-dirty" if dirty else "")
 
 
 def code_fingerprint(repo_dir: Path | None = None) -> str | None:
     """The code exactly: the commit, plus the hash of the local changes to tracked files when there are any
-    (``-dirty`` alone would make two different edits look the same); None when git cannot tell."""
+    (``-dirty`` alone would make two different edits look the same; an image's version has it already, as
+    scripts/build-image.sh writes it); None when nothing can tell."""
     repo_dir = repo_dir or Path(__file__).resolve().parents[2]
     version = code_version(repo_dir)
     if version == "unknown":

@@ -25,9 +25,9 @@ different lengths but share one cache length.
 How many drafts (``draft_cost.py``): a verified position costs compute, which on a CPU, and at batch 8
 anywhere, is not free. The decoder measures what one more position costs in the engine's forwards and, per
 request, how often a draft token is accepted, and proposes only the draft tokens expected to pay (none
-when they do not: then it skips drafting for 1, 2, 4 .. 16 steps and probes with one token, so a request
-whose drafts fail decodes almost as standard). Until enough forwards are measured, the first step
-proposes ``num_assistant_tokens``.
+when they do not: then it skips drafting for 1, 2, 4 .. 16 steps and probes with one token, where the text
+repeats its last ``max_ngram`` tokens, so a request whose drafts fail decodes almost as standard). Until
+enough forwards are measured, the first step proposes ``num_assistant_tokens``.
 """
 
 from __future__ import annotations
@@ -46,14 +46,14 @@ from temper.rollout.requests import DecoderHost, EngineRequest
 from temper.rollout.standard import StandardDecoder
 
 
-def propose(tokens: list[int], k: int, max_ngram: int = 3) -> list[int]:
+def propose(tokens: list[int], k: int, max_ngram: int = 3, min_ngram: int = 1) -> list[int]:
     """Up to ``k`` tokens that followed the latest earlier occurrence of the longest suffix n-gram of ``tokens``
-    (n from ``max_ngram`` down to 1); [] when the last token never occurred before."""
+    (n from ``max_ngram`` down to ``min_ngram``); [] when no such suffix occurred before."""
     if k <= 0 or len(tokens) < 2:
         return []
     arr = np.asarray(tokens)
     length = len(arr)
-    for n in range(min(max_ngram, length - 1), 0, -1):
+    for n in range(min(max_ngram, length - 1), min_ngram - 1, -1):
         pattern = arr[length - n:]
         hits = arr[:length - n] == pattern[0]  # candidate starts s in [0, length - n): a token follows each match
         for j in range(1, n):
@@ -137,10 +137,16 @@ class LookupDecoder(StandardDecoder):
             a = x["acceptance"]
             k = draft_length(a.first, a.then, self.cost.draft_cost, min(self.spec.max_draft_tokens, room))
         if k == 0 and room > 0:
-            if not x.pop("probe", False):
+            if not x.get("probe"):
                 self._back_off(x)
                 return []
-            k = 1  # after a back-off: one token, to learn whether the request copies now
+            # after a back-off, one token to learn whether the request copies now: only where the text repeats
+            # its last max_ngram tokens (a copied span starting), not on any token seen before. A probe on a
+            # one-token match costs a verify step (+40-60% of a CPU forward) and almost never pays in chat
+            probe = propose(seq, 1, self.spec.max_ngram, min_ngram=self.spec.max_ngram)
+            if probe:
+                x.pop("probe")
+            return probe
         return propose(seq, k, self.spec.max_ngram)
 
     @staticmethod

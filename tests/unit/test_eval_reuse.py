@@ -83,3 +83,29 @@ def test_a_result_with_unscored_items_is_not_kept(temper_home):
     assert load_result("k1") == {**result, "computed_by": "run-1"}
     assert not keep_result("k2", {**result, "scored": 3, "rewards": [1, 0, None, 0]}, "run-2")
     assert load_result("k2") is None
+
+
+def test_the_code_version_outside_git_is_the_images_and_a_local_edit_changes_the_fingerprint(tmp_path, monkeypatch):
+    import subprocess
+
+    from infra.tracking.runs import code_fingerprint, code_version
+
+    monkeypatch.delenv("TEMPER_CODE_VERSION", raising=False)
+    assert code_version(tmp_path) == "unknown" and code_fingerprint(tmp_path) is None  # not a checkout
+    monkeypatch.setenv("TEMPER_CODE_VERSION", "0123abc-dirty-feedface00112233")  # as docker/Dockerfile sets it
+    assert code_version(tmp_path) == code_fingerprint(tmp_path) == "0123abc-dirty-feedface00112233"
+
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    git = ["git", "-c", "user.email=t@t", "-c", "user.name=t"]
+    subprocess.run([*git, "init", "-q", str(repo)], check=True)
+    (repo / "verifier.py").write_text("SCORE = 1\n")
+    subprocess.run([*git, "-C", str(repo), "add", "."], check=True)
+    subprocess.run([*git, "-C", str(repo), "commit", "-qm", "c"], check=True)
+    clean = code_fingerprint(repo)
+    assert clean == code_version(repo) and not clean.endswith("dirty")
+    (repo / "verifier.py").write_text("SCORE = 2\n")
+    one = code_fingerprint(repo)
+    (repo / "verifier.py").write_text("SCORE = 3\n")
+    two = code_fingerprint(repo)
+    assert code_version(repo) == f"{clean}-dirty" and len({clean, one, two}) == 3  # -dirty alone would be one
