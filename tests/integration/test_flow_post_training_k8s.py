@@ -306,7 +306,10 @@ def test_post_training_on_the_cluster_equals_the_local_run(on_cluster, k8s_worke
     remote = state.result()
     check_flow_run_job(on_cluster, run, flow_job)
     t = time.perf_counter()
-    local_state = post_training(_params("local", **GRPO_SANDBOXED), return_state=True)
+    # the local run computes its base evals too (same store: it would record the cluster run's kept results,
+    # and "before" would then be equal by construction, not by running the same eval on both backends)
+    own_evals = GRPO_SANDBOXED["eval"].model_copy(update={"reuse_base": False})
+    local_state = post_training(_params("local", **{**GRPO_SANDBOXED, "eval": own_evals}), return_state=True)
     local_wall = time.perf_counter() - t
     assert local_state.is_completed(), local_state.message
     local = local_state.result()
