@@ -60,7 +60,7 @@ def evaluate(model_dir: str, domains: list[str], settings: EvalSettings, label: 
         if parent_run_id:
             result["run_id"] = record_eval(result, label, parent_run_id, reused_from=result.get("computed_by"))
             if domain in keys and domain not in kept:
-                keep_result(keys[domain], result, result["run_id"])
+                keep_result(keys[domain], result, result["run_id"], reuse[domain])
         results.append(summary(result))
     return results
 

@@ -70,9 +70,11 @@ def load_result(key: str) -> dict[str, Any] | None:
     return json.loads(fs.cat_file(path))
 
 
-def keep_result(key: str, result: dict[str, Any], run_id: str) -> bool:
-    """Keep a freshly computed result under ``key``; False (nothing kept) when some items were not scored."""
-    if result["scored"] != result["n"]:
+def keep_result(key: str, result: dict[str, Any], run_id: str, dataset_digest: str) -> bool:
+    """Keep a freshly computed result under ``key`` (made with ``dataset_digest``); False, nothing kept, when some
+    items were not scored or the job read other bytes than the key names (the dataset changed since the run
+    resolved it: the result is right for the run, not for the key)."""
+    if result["scored"] != result["n"] or result.get("dataset_sha256") != dataset_digest:
         return False
     write_bytes_atomic(_uri(key), json.dumps({**result, "computed_by": run_id}).encode())
     return True

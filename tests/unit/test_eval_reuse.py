@@ -76,13 +76,15 @@ def test_nothing_is_keyed_when_model_code_or_generator_cannot_be_known(temper_ho
         get_settings.cache_clear()
 
 
-def test_a_result_with_unscored_items_is_not_kept(temper_home):
-    result = {"domain": "arithmetic", "n": 4, "scored": 4, "mean_reward": 0.5, "rewards": [1, 0, 1, 0]}
+def test_a_result_with_unscored_items_or_other_data_is_not_kept(temper_home):
+    result = {"domain": "arithmetic", "n": 4, "scored": 4, "mean_reward": 0.5, "rewards": [1, 0, 1, 0],
+              "dataset_sha256": "a" * 64}
     assert load_result("k1") is None
-    assert keep_result("k1", result, "run-1")
+    assert keep_result("k1", result, "run-1", "a" * 64)
     assert load_result("k1") == {**result, "computed_by": "run-1"}
-    assert not keep_result("k2", {**result, "scored": 3, "rewards": [1, 0, None, 0]}, "run-2")
-    assert load_result("k2") is None
+    assert not keep_result("k2", {**result, "scored": 3, "rewards": [1, 0, None, 0]}, "run-2", "a" * 64)
+    assert not keep_result("k3", result, "run-3", "b" * 64)  # the data changed after the run resolved it
+    assert load_result("k2") is None and load_result("k3") is None
 
 
 def test_the_code_version_outside_git_is_the_images_and_a_local_edit_changes_the_fingerprint(tmp_path, monkeypatch):
