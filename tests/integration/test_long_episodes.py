@@ -60,16 +60,6 @@ def _fds() -> int:
     return len(os.listdir("/proc/self/fd"))
 
 
-def file_tasks(**params):
-    """The catalog's ``file_tasks`` domain with these verifier params (turns, budgets) over its own."""
-    from temper.data.catalog import load_catalog
-    from tests.conftest import REPO
-
-    domain = load_catalog(REPO / "domains")["file_tasks"]
-    return domain.model_copy(update={"verifier": domain.verifier.model_copy(
-        update={"params": {**domain.verifier.params, **params}})})
-
-
 PROBES = [  # the episode's last turns: the box's limits hold after 495 turns, and its state is intact
     "<bash>head -c 100M /dev/zero > big.bin; echo rc=$?; stat -c %s big.bin</bash>",
     "<bash>for i in 1 2 3 4 5 6; do head -c 60M /dev/zero > d$i.bin || break; done; echo wrote=$i; rm -f d*.bin</bash>",
@@ -157,7 +147,7 @@ def test_a_200_turn_episode_inside_a_grpo_step_keeps_its_masks_and_gives_its_box
     to the pool and the verifier keeps its fds and children over the step."""
     import torch
 
-    from tests.integration.test_multiturn_grpo import ScriptedRollout, task_rows, trainer_for
+    from tests.integration.test_multiturn_grpo import ScriptedRollout, file_tasks, task_rows, trainer_for
 
     n = 200
     domain = file_tasks(max_turns=n, budget_s=600, history_chars=1500)
@@ -202,8 +192,7 @@ import json, sys
 from pathlib import Path
 
 from infra.sandbox import SandboxPool
-from tests.integration.test_long_episodes import file_tasks
-from tests.integration.test_multiturn_grpo import ScriptedRollout, task_rows, trainer_for
+from tests.integration.test_multiturn_grpo import ScriptedRollout, file_tasks, task_rows, trainer_for
 
 model, out, n = sys.argv[1], Path(sys.argv[2]), int(sys.argv[3])
 domain = file_tasks(max_turns=n, budget_s=600)
@@ -293,7 +282,7 @@ def test_a_long_engine_episode_reuses_its_whole_history_from_the_prefix_cache_ac
     text); the box plays the script's action for it, so the observations are real and outgrow the budget."""
     from temper.training.multiturn import MultiTurnRollout
     from temper.verifiers.families.episode import episode_limits
-    from tests.integration.test_multiturn_grpo import task_rows, trainer_for
+    from tests.integration.test_multiturn_grpo import file_tasks, task_rows, trainer_for
 
     n = 40
     domain = file_tasks(max_turns=n, budget_s=600, history_chars=600, turn_tokens=8)

@@ -37,6 +37,13 @@ class ScriptedRollout(MultiTurnRollout):
         return out
 
 
+def file_tasks(**params):
+    """The catalog's ``file_tasks`` domain with these verifier params (turns, budgets, timeouts) over its own."""
+    domain = load_catalog(REPO / "domains")["file_tasks"]
+    return domain.model_copy(update={"verifier": domain.verifier.model_copy(
+        update={"params": {**domain.verifier.params, **params}})})
+
+
 def task_rows(domain, records: list[dict]) -> list[dict]:
     """The GRPO dataset rows of ``records`` (what the multi-turn rollout reads: prompt, domain, record)."""
     return [{"prompt": domain.render_prompt(r), "domain": domain.name, "record": json.dumps(r)} for r in records]
@@ -156,9 +163,7 @@ class SabotagedRollout(ScriptedRollout):
 def test_a_dying_or_hanging_sandbox_fails_its_episode_not_the_step(tiny_model, tmp_path, second):
     import torch
 
-    domain = load_catalog(REPO / "domains")["file_tasks"]
-    domain = domain.model_copy(update={"verifier": domain.verifier.model_copy(
-        update={"params": {**domain.verifier.params, "step_timeout_s": 1.0}})})
+    domain = file_tasks(step_timeout_s=1.0)
     records = generate("file_tasks", 1, 0, 0.1, {}).to_dict("records")
     rows = task_rows(domain, records)
     reference = json.loads(records[0]["reference"])
