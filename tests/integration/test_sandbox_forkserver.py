@@ -77,6 +77,7 @@ def test_a_timed_out_warm_run_reports_the_cpu_it_burnt(one_box):
             "        mark = time.process_time()\n        print(mark, flush=True)\n")
     r = one_box.exec(code=loop, limits=Limits(wall_s=1.5, cpu_s=10, memory_mb=512))
     seen = float(r.stdout.split()[-1])  # the CPU the program itself saw, last said before the deadline
-    assert r.verdict == "timeout" and seen <= r.cpu_s <= seen + 0.5 and r.max_rss_mb > 1, (seen, r)
+    # wait4's usage may come in scheduler ticks (10 ms at HZ=100: a CI kernel reported 1.01 s for 1.015 s seen)
+    assert r.verdict == "timeout" and seen - 0.011 <= r.cpu_s <= seen + 0.5 and r.max_rss_mb > 1, (seen, r)
     after = one_box.exec(code="print('next')")
     assert after.stdout == "next\n"  # a fresh sandbox serves the next run
