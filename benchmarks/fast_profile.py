@@ -1,6 +1,7 @@
-"""The fast profile (prompt lookup, ``temper/rollout/lookup.py``) against the standard profile, same prompts, same
-run (issue 31): output tokens/s, time to first token, acceptance rate and tokens per target forward, per domain
-family, at batch 1 and batch 8, and whether the greedy outputs are identical.
+"""The fast profile (prompt lookup, ``temper/rollout/lookup.py``, or with ``--draft`` a draft model on the same
+loop, ``draft_model.py``) against the standard profile, same prompts, same run (issue 31): output tokens/s, time
+to first token, acceptance rate and tokens per target forward, per domain family, at batch 1 and batch 8, and
+whether the greedy outputs are identical.
 
 Families: each is a catalog domain's eval prompts as its eval renders them (``Domain.render_prompt``):
 long_retrieval, long_cross_file, long_tool_history, extraction (invoice_extraction), code (humaneval),
@@ -15,7 +16,7 @@ Batch 8: 8 prompts submitted together; tokens/s = tokens / wall. The standard pr
 back to back in alternating order; the ratio is per repeat, reported as median and [min, max].
 
 Run: PYTHONPATH=. .venv/bin/python benchmarks/fast_profile.py [--repeats 3] [--max-tokens 64]
-     [--models tiny,smollm2] [--out benchmarks/results/fast_profile.md]
+     [--models tiny,smollm2] [--draft lookup|int8|layers:N] [--out benchmarks/results/fast_profile.md]
 """
 
 from __future__ import annotations
@@ -72,6 +73,21 @@ def model_dirs(names: list[str], root: Path) -> dict[str, Path]:
     return out
 
 
+def draft_fields(draft: str, target: Path, root: Path) -> dict:
+    """The fast profile's drafts: ``lookup`` (prompt lookup), ``int8`` (an int8 copy of the target as draft model)
+    or ``layers:N`` (the target's first N decoder layers as draft model)."""
+    if draft == "lookup":
+        return {}
+    if draft == "int8":
+        return {"method": "draft_model", "quantize_draft": True}
+    if draft.startswith("layers:"):
+        from temper.rollout.draft_model import derive_layer_draft
+
+        folder = derive_layer_draft(target, root / f"{target.name}-draft", keep_layers=int(draft.split(":")[1]))
+        return {"method": "draft_model", "draft_dir": folder}
+    raise SystemExit(f"--draft {draft!r}: expected lookup, int8 or layers:N")
+
+
 def encode(engine: Engine, text: str, chat: bool) -> list[int]:
     if chat:
         return engine.tokenizer.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True,
@@ -103,7 +119,8 @@ def run(args) -> str:
     with tempfile.TemporaryDirectory() as tmp:
         for label, folder in model_dirs(args.models.split(","), Path(tmp)).items():
             standard = Engine(EngineConfig(model_dir=folder, lanes=LANES))
-            spec = SpeculativeConfig(max_draft_tokens=args.max_draft, num_assistant_tokens=min(5, args.max_draft))
+            spec = SpeculativeConfig(max_draft_tokens=args.max_draft, num_assistant_tokens=min(5, args.max_draft),
+                                     **draft_fields(args.draft, folder, Path(tmp)))
             fast = Engine(EngineConfig(model_dir=folder, lanes=LANES, profile="fast", speculative=spec),
                           model=standard.model, tokenizer=standard.tokenizer)
             chat = label.startswith("SmolLM2")
@@ -153,6 +170,8 @@ def main() -> None:
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--max-draft", type=int, default=SpeculativeConfig().max_draft_tokens,
                    help="the fast profile's max_draft_tokens")
+    p.add_argument("--draft", default="lookup", help="lookup (prompt lookup), int8 (an int8 copy of the target "
+                   "as draft model) or layers:N (the target's first N layers as draft model)")
     p.add_argument("--families", default=",".join(FAMILIES), help="comma-separated subset of the families")
     p.add_argument("--out", default=None)
     args = p.parse_args()
@@ -160,7 +179,8 @@ def main() -> None:
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=REPO).stdout.strip()
     t = time.perf_counter()
     table = run(args)
-    head = (f"# Fast profile (prompt lookup) vs standard ({time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())})\n\n"
+    when = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
+    head = (f"# Fast profile (drafts: {args.draft}) vs standard ({when})\n\n"
             f"Command: `benchmarks/fast_profile.py {' '.join(sys.argv[1:])}` at commit {commit}  \n"
             f"Load average at start: {load[0]:.1f} / {load[1]:.1f} / {load[2]:.1f} on {os.cpu_count()} cores; "
             f"{args.threads} torch threads; greedy, {args.max_tokens} new tokens; {args.repeats} repeats; "

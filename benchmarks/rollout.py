@@ -10,7 +10,7 @@ Sections (every ratio is against a baseline measured in the same run, on the sam
    (both goals, 5 repeats) is benchmarks/mixed_load.py.
 4. Peak memory (RSS high-water mark over the loaded model, own subprocess each) of one long prompt,
    prefilled in chunks vs in one forward.
-5. Fast profile (speculative decoding via transformers assisted generation) vs standard, greedy, at
+5. Fast profile with a draft model (speculative decoding in the engine's loop) vs standard, greedy, at
    identical output (the parity gate), with a layer-truncated draft and an int8 copy of the target.
 
 Models are random (``init_tiny``) and built locally: speeds are real, "acceptance" of a draft is only
@@ -213,7 +213,7 @@ def bench_memory(model_dir: Path, prompt_tokens: int, chunk: int) -> None:
 def bench_fast(root: Path, prompts: list[str], max_tokens: int, hidden: int, layers: int) -> None:
     from temper.rollout.config import EngineConfig, LaneConfig, SpeculativeConfig
     from temper.rollout.engine import Engine
-    from temper.rollout.fast import derive_layer_draft
+    from temper.rollout.draft_model import derive_layer_draft
     from temper.rollout.parity import parity_gate
     from temper.training.tiny import init_tiny
 
@@ -224,7 +224,7 @@ def bench_fast(root: Path, prompts: list[str], max_tokens: int, hidden: int, lay
     drafts = {f"first {max(1, layers // 4)} of {layers} layers": SpeculativeConfig(method="draft_model", draft_dir=layer_draft),
               "int8 copy of the target": SpeculativeConfig(method="draft_model", quantize_draft=True)}
     for name, spec in drafts.items():
-        spec = spec.model_copy(update={"tokens_per_turn": max_tokens, "num_assistant_tokens": 5})
+        spec = spec.model_copy(update={"num_assistant_tokens": 5})
         fast = Engine(EngineConfig(model_dir=target, lanes=lanes, profile="fast", speculative=spec),
                       model=standard.model, tokenizer=standard.tokenizer)
         rep = parity_gate(standard, fast, prompts, max_tokens=max_tokens)

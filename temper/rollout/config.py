@@ -67,8 +67,8 @@ class PrefixCacheConfig(BaseModel):
 
 
 class SpeculativeConfig(BaseModel):
-    """The fast profile: prompt lookup in the engine's own decode loop (``lookup.py``, no second model), or
-    transformers assisted generation with a small draft model (``fast.py``)."""
+    """The fast profile: speculative decoding in the engine's own decode loop, its drafts from prompt lookup
+    (``lookup.py``, no second model) or from a small draft model (``draft_model.py``)."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -76,18 +76,16 @@ class SpeculativeConfig(BaseModel):
         default="prompt_lookup",
         description="prompt_lookup: drafts are n-gram matches in the prompt and the text so far, verified on the "
                     "engine's KV cache (prefix cache, chunked prefill and lanes as standard); draft_model: "
-                    "transformers assisted generation with draft_dir or an int8 copy (re-encodes every turn).")
+                    "drafts decoded greedily by draft_dir's model or an int8 copy of the target, on the same loop.")
     draft_dir: Path | None = Field(
         default=None, description="draft_model: HF folder of the draft model (same tokenizer as the target); None "
                                   "with quantize_draft means an int8 copy of the target.")
     quantize_draft: bool = Field(default=False, description="int8 dynamic-quantize the draft's Linear layers (CPU).")
     num_assistant_tokens: int = Field(default=5, ge=1, description="Draft tokens proposed per verification "
-                                      "(prompt_lookup: until the engine has measured what a verified position "
-                                      "costs; then from that cost and the request's acceptance, draft_cost.py).")
-    max_draft_tokens: int = Field(default=16, ge=1, description="prompt_lookup: most draft tokens one step proposes.")
+                                      "until the engine has measured what a verified position costs; then from that "
+                                      "cost and the request's acceptance (draft_cost.py).")
+    max_draft_tokens: int = Field(default=16, ge=1, description="Most draft tokens one step proposes.")
     max_ngram: int = Field(default=3, ge=1, le=8, description="prompt_lookup: longest suffix n-gram looked up.")
-    tokens_per_turn: int = Field(
-        default=16, ge=1, description="draft_model: tokens one request generates per scheduler turn before yielding.")
     verify: bool = Field(
         default=True,
         description="draft_model: verify draft tokens with the target (lossless). False serves the draft's own "

@@ -9,10 +9,10 @@ done.
 A scheduler step is, by default (``mixed_batches``), ONE forward over every running request:
 their decode rows and prefill chunks laid end to end (``mixed.py``), planned by
 ``Scheduler.plan_forward`` (decode first, then prefill chunks under ``forward_token_budget``). The
-fast profile (its decode step is one request's verify forward: ``lookup.py``, or a draft model's
-``generate``: ``fast.py``), models ``mixed.py`` does not support, and ``mixed_batches: false`` run one
-forward per request, lanes taking turns by ``time_share``. ``prompt_reuse()`` counts the prompt tokens no
-prefill computed (prefix-cache hits, a group's shared rows), logged by GRPO and eval. The prompt's KV, and each finished sample's prompt+completion KV, go into the prefix cache,
+fast profile's verify steps ride in that forward as segments of 1 + k positions (``lookup.py``; its drafts
+from n-gram lookup, or from a draft model: ``draft_model.py``). Models ``mixed.py`` does not support, and
+``mixed_batches: false``, run one forward per request, lanes taking turns by ``time_share``.
+``prompt_reuse()`` counts the prompt tokens no prefill computed (prefix-cache hits, a group's shared rows), logged by GRPO and eval. The prompt's KV, and each finished sample's prompt+completion KV, go into the prefix cache,
 so the next request sharing a system prompt / document / group prompt / episode history skips it.
 
 A lane with ``own_process`` (by default the long lane) is served by an engine of its own in another
@@ -41,8 +41,8 @@ import torch
 from temper.rollout.config import EngineConfig
 from temper.rollout.decoding import SampleText, SamplingParams, StopChecker
 from temper.rollout.device import engine_device, prefix_budget
+from temper.rollout.draft_model import DraftModelDecoder
 from temper.rollout.errors import EngineClosed
-from temper.rollout.fast import SpeculativeDecoder
 from temper.rollout.kv_cache import PrefixKVCache, cache_from, kv_of
 from temper.rollout.lane_process import LaneProcess, usable_cpus
 from temper.rollout.lookup import LookupDecoder
@@ -88,7 +88,7 @@ class Engine:
         self.prefix_cache = PrefixKVCache(prefix_budget(pc.budget_bytes, self.device)) if pc.enabled else None
         spec = config.speculative
         if config.profile == "fast" and spec.method == "draft_model":
-            self.decoder = SpeculativeDecoder(self, spec, draft)
+            self.decoder = DraftModelDecoder(self, spec, draft)
         elif config.profile == "fast":
             self.decoder = LookupDecoder(self, spec)
         else:
@@ -525,8 +525,8 @@ class Engine:
         ``prompt_tokens`` counts each sample's prompt (a GRPO group of G counts G prompts: G - 1 of them
         are shared rows of one prefill); ``reused_tokens`` = prefix-cache hits + those shared copies;
         ``hit_rate`` = reused / prompt tokens. A fresh group's rate is (G - 1) / G; a second request
-        reading the same document reuses the document's tokens from the prefix cache. Zeros for the
-        draft-model fast profile (it re-encodes, see fast.py); prompt lookup prefills as standard does.
+        reading the same document reuses the document's tokens from the prefix cache. Both fast
+        profiles prefill as standard does.
         """
         c = self.counters
         reused = c["prefix_hit_tokens"] + c["group_shared_tokens"]

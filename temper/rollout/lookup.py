@@ -135,19 +135,29 @@ class LookupDecoder(StandardDecoder):
             k = min(self.spec.num_assistant_tokens, room)
         else:
             a = x["acceptance"]
-            k = draft_length(a.first, a.then, self.cost.draft_cost, min(self.spec.max_draft_tokens, room))
+            k = draft_length(a.first, a.then, self._draft_cost, min(self.spec.max_draft_tokens, room))
         if k == 0 and room > 0:
             if not x.get("probe"):
                 self._back_off(x)
                 return []
-            # after a back-off, one token to learn whether the request copies now: only where the text repeats
-            # its last max_ngram tokens (a copied span starting), not on any token seen before. A probe on a
-            # one-token match costs a verify step (+40-60% of a CPU forward) and almost never pays in chat
-            probe = propose(seq, 1, self.spec.max_ngram, min_ngram=self.spec.max_ngram)
+            probe = self._probe(req, seq)
             if probe:
                 x.pop("probe")
             return probe
+        return self._drafts(req, seq, k)
+
+    def _draft_cost(self, k: int) -> float:
+        """What ``k`` draft tokens cost, in emitted tokens' worth of time: here only their verified positions."""
+        return self.cost.draft_cost(k)
+
+    def _drafts(self, req: EngineRequest, seq: list[int], k: int) -> list[int]:
         return propose(seq, k, self.spec.max_ngram)
+
+    def _probe(self, req: EngineRequest, seq: list[int]) -> list[int]:
+        """After a back-off, one token to learn whether the request copies now: only where the text repeats its
+        last max_ngram tokens (a copied span starting), not on any token seen before. A probe on a one-token
+        match costs a verify step (+40-60% of a CPU forward) and almost never pays in chat."""
+        return propose(seq, 1, self.spec.max_ngram, min_ngram=self.spec.max_ngram)
 
     @staticmethod
     def _back_off(x: dict) -> None:
@@ -193,6 +203,9 @@ class LookupDecoder(StandardDecoder):
         e._log(req, "decode", 1, f"lookup {len(draft)} drafts")
         self._settle(req, out.logits[0], draft)
 
+    def _verify(self, logits: torch.Tensor, draft: list[int], req: EngineRequest):
+        return verify(logits, draft, req.params, req.generator)
+
     def _plain_step(self) -> None:
         self.stats["steps"] += 1
         self.stats["emitted"] += 1  # a standard step: one token for the one row
@@ -204,7 +217,7 @@ class LookupDecoder(StandardDecoder):
         e, index = self.engine, req.active[0]
         sample = req.samples[index]
         start = req.cache.get_seq_length() - 1 - len(draft)
-        tokens, logprobs, accepted = verify(logits, draft, req.params, req.generator)
+        tokens, logprobs, accepted = self._verify(logits, draft, req)
         before = len(sample.token_ids)
         e.accept(req, index, tokens, logprobs)  # appends until the sample finishes (eos, stop, max_tokens)
         emitted = len(sample.token_ids) - before

@@ -1,6 +1,6 @@
 """What flows between the engine and its decoders: requests, their output events, results.
 
-Kept apart from ``engine.py`` so a decoder (``fast.py``) can name these types and the narrow
+Kept apart from ``engine.py`` so a decoder (``lookup.py``) can name these types and the narrow
 ``DecoderHost`` interface it needs without importing the engine that imports it.
 """
 

@@ -1,6 +1,6 @@
 """The standard profile's decoder: every sample of a request decodes as one batch of rows sharing the
-prompt's KV (a GRPO group of G costs one prefill and ``max_tokens`` batched forwards). Its sibling is
-``fast.py`` (speculative decoding). In mixed batches the engine runs the forward (``mixed.py``) and hands
+prompt's KV (a GRPO group of G costs one prefill and ``max_tokens`` batched forwards). Its siblings are
+``lookup.py`` and ``draft_model.py`` (speculative decoding). In mixed batches the engine runs the forward (``mixed.py``) and hands
 each request's logits to ``advance``; ``step`` is the per-request path.
 """
 

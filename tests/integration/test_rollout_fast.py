@@ -6,8 +6,8 @@ import pytest
 
 from temper.core.tag_names import PARITY_TAG, TAG_SERVING_PROFILE
 from temper.rollout.config import EngineConfig, LaneConfig, SpeculativeConfig
+from temper.rollout.draft_model import derive_layer_draft
 from temper.rollout.engine import Engine
-from temper.rollout.fast import derive_layer_draft
 from temper.rollout.parity import ParityFailed, parity_gate, register_serving_profiles, require_parity
 from temper.training.tiny import init_tiny
 
@@ -32,7 +32,7 @@ def standard(models):
 
 def fast_engine(standard, draft_dir, verify=True):
     cfg = standard.config.model_copy(update={"profile": "fast", "speculative": SpeculativeConfig(
-        method="draft_model", draft_dir=draft_dir, num_assistant_tokens=4, tokens_per_turn=8, verify=verify)})
+        method="draft_model", draft_dir=draft_dir, num_assistant_tokens=4, verify=verify)})
     return Engine(cfg, model=standard.model, tokenizer=standard.tokenizer)
 
 
@@ -59,11 +59,22 @@ def test_parity_gate_blocks_a_variant_that_diverges(models, standard):
         require_parity(report)
 
 
-def test_the_fast_profile_refuses_logprobs_instead_of_faking_them(models, standard):
+def test_the_draft_model_runs_on_the_engines_loop_with_the_standard_outputs_and_logprobs(models, standard):
+    """Drafts from the draft model, verified on the engine's cache: the prompt is prefilled once by the engine (the
+    prefix cache sees it), the draft's forwards are counted, greedy tokens and log-probabilities are standard's."""
     from temper.rollout.decoding import SamplingParams
 
-    with pytest.raises(ValueError, match="logprobs"):
-        fast_engine(standard, models[1]).submit([[5, 6]], SamplingParams(logprobs=True), [print])
+    params = SamplingParams(max_tokens=16, temperature=0, logprobs=True)
+    want = standard.generate(PROMPTS, params)
+    fast = fast_engine(standard, models[1])
+    got = fast.generate(PROMPTS, params)
+    assert [r.token_ids for r in got] == [r.token_ids for r in want]
+    for g, w in zip(got, want):
+        assert max(abs(a - b) for a, b in zip(g.samples[0].logprobs, w.samples[0].logprobs)) < 1e-4
+    s = fast.decoder.stats
+    assert s["proposed"] > 0 and s["draft_forwards"] > 0, s
+    assert s["emitted"] == sum(len(r.token_ids[0]) - 1 for r in got), s  # the first token of each is the prefill's
+    assert fast.stats()["prompt_reuse"]["prompt_tokens"] == sum(len(standard.encode(p)) for p in PROMPTS)
 
 
 def test_both_profiles_are_registered_and_a_blocked_fast_one_gets_no_serving_alias(models, standard, temper_home):
@@ -106,6 +117,4 @@ def test_the_fast_profile_serves_the_same_api(models, standard):
         r = client.completions.create(model="temper", prompt=PROMPTS[0], max_tokens=12, temperature=0)
         streamed = "".join(c.choices[0].text for c in client.completions.create(
             model="temper", prompt=PROMPTS[0], max_tokens=12, temperature=0, stream=True))
-        with pytest.raises(openai.BadRequestError, match="logprobs"):
-            client.completions.create(model="temper", prompt=PROMPTS[0], max_tokens=2, logprobs=0)
     assert r.choices[0].text == want == streamed

@@ -130,3 +130,24 @@ def test_a_sampled_group_decodes_and_the_parity_gate_passes_prompt_lookup(engine
     assert len(group.samples) == 4 and all(len(s.token_ids) > 0 for s in group.samples)
     report = parity_gate(standard, fast, catalog_prompts(rows=1)["long_tool_history"] * 2, max_tokens=24)
     assert report.passed and report.mismatches == [], report.reason
+
+
+@pytest.mark.parametrize("draft", ["int8", "layers"])
+def test_a_draft_models_drafts_give_the_standard_output_on_every_catalog_domain(engines, draft, tmp_path):
+    """The draft-model path on the same loop: an int8 copy of the target (agrees on most tokens: drafts are
+    accepted) and a one-layer copy (agrees on few: most are rejected and cut back out of both caches)."""
+    from temper.rollout.config import SpeculativeConfig
+    from temper.rollout.draft_model import derive_layer_draft
+
+    standard, _ = engines
+    spec = SpeculativeConfig(method="draft_model", quantize_draft=True) if draft == "int8" else \
+        SpeculativeConfig(method="draft_model", draft_dir=derive_layer_draft(standard.config.model_dir, tmp_path, 1))
+    fast = Engine(EngineConfig(model_dir=standard.config.model_dir, lanes=LANES, profile="fast", speculative=spec),
+                  model=standard.model, tokenizer=standard.tokenizer)
+    for domain, texts in catalog_prompts(rows=1).items():
+        want, got = standard.generate(texts, GREEDY), fast.generate(texts, GREEDY)
+        assert got[0].error is None and got[0].samples[0].token_ids == want[0].samples[0].token_ids, (draft, domain)
+    s = fast.decoder.stats
+    assert s["accepted"] > 0 and s["proposed"] > s["accepted"], s
+    if draft == "int8":
+        assert s["steps"] < s["emitted"], s  # fewer target forwards than tokens
