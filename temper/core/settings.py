@@ -149,6 +149,11 @@ class Settings(BaseSettings):
     job: JobSettings = Field(
         default_factory=JobSettings,
         description="This process's place in a flow run, when a flow started it as a job (TEMPER_JOB).")
+    preimported_jobs: bool = Field(
+        default=True,
+        description="Local jobs (training ranks, their launcher, eval jobs) start as forks of a process that has "
+        "imported torch, transformers, TRL, DeepSpeed and MLflow once (infra/job_zygote.py), not as fresh "
+        "interpreters (~10 s of imports each). CPU hosts only; a GPU host always starts fresh processes.")
     catalog_dir: Path = Field(
         default=Path("domains"),
         description="Directory of domain YAML files (globbed: <catalog_dir>/**/*.yaml).",
