@@ -139,8 +139,9 @@ def run_job(spec: JobSpec, on_line: Callable[[str], None] = print, *, cwd: str |
         stop_leftover(claim, on_line)
     env = {**os.environ, "PYTHONUNBUFFERED": "1", **spec.env}
     zygote = socket_for(env) if get_settings().preimported_jobs and zygote_enabled() else None
-    proc = subprocess.Popen(build_argv(spec, zygote), cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            stdin=subprocess.DEVNULL, text=True, bufsize=1, start_new_session=True)
+    proc = subprocess.Popen(build_argv(spec, zygote), cwd=cwd, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, text=True, bufsize=1,
+                            start_new_session=True)
     if claim is not None:
         claim.parent.mkdir(parents=True, exist_ok=True)
         claim.write_text(f"{proc.pid} {_start_ticks(proc.pid)}")
