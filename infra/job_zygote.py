@@ -60,7 +60,8 @@ STARTED = b"S"  # ...and to one it does, once the worker runs (job_zygote_client
 
 CLIENT = str(Path(__file__).with_name("job_zygote_client.py"))
 REPO = Path(__file__).resolve().parents[1]
-_started: dict[str, subprocess.Popen] = {}
+_started: dict[str, subprocess.Popen] = {}  # this process's zygotes by key (a forked child has none of its own)
+_owner = os.getpid()
 _lock = threading.Lock()
 
 
@@ -72,7 +73,11 @@ def socket_for(env: dict[str, str], wait_s: float = 120.0) -> str | None:
     key = hashlib.sha256(json.dumps([sys.executable, sorted(import_env(env).items())]).encode()).hexdigest()[:12]
     folder = tempfile.gettempdir() if len(tempfile.gettempdir()) < 60 else "/tmp"  # a socket path has 108 bytes
     path = Path(folder) / f"temper-zygote-{os.getpid()}-{key}.sock"
+    global _owner
     with _lock:  # one start per key; jobs asking at once wait for the same zygote
+        if os.getpid() != _owner:  # a fork of the process that started these: they are not its to use or stop
+            _started.clear()
+            _owner = os.getpid()
         proc = _started.get(key)
         if proc is None:
             path.unlink(missing_ok=True)  # a dead process's, whose pid this process has now
@@ -88,8 +93,9 @@ def socket_for(env: dict[str, str], wait_s: float = 120.0) -> str | None:
 
 @atexit.register
 def _stop_zygotes() -> None:
-    for proc in _started.values():
-        proc.terminate()
+    if os.getpid() == _owner:
+        for proc in _started.values():
+            proc.terminate()
 
 
 def enabled() -> bool:
@@ -229,6 +235,8 @@ def _worker(request: dict, fds: list[int], added: dict[str, str]) -> None:
         for stream in (sys.stdout, sys.stderr):
             stream.reconfigure(line_buffering=True, write_through=True)
         random.seed()
+        # lazy: loaded in the zygote already; at the top they would load (torch: 2 s) in every process that
+        # starts jobs, through launcher_local
         import numpy as np
         import torch
 
