@@ -88,6 +88,14 @@ def draft_fields(draft: str, target: Path, root: Path) -> dict:
     raise SystemExit(f"--draft {draft!r}: expected lookup, int8 or layers:N")
 
 
+def draft_share(fast: Engine) -> str:
+    """A draft model's decode forward over the time the target emits one token in the latest forwards (the cost
+    the draft length weighs, ``DraftModelDecoder._draft_cost``); "-" for prompt lookup."""
+    step = getattr(fast.decoder, "draft_step_s", None)
+    rate = fast.decoder.cost.tokens_per_s
+    return f"{step * rate:.2f}" if step and rate else "-"
+
+
 def encode(engine: Engine, text: str, chat: bool) -> list[int]:
     if chat:
         return engine.tokenizer.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True,
@@ -127,7 +135,7 @@ def run(args) -> str:
             params = SamplingParams(max_tokens=args.max_tokens, temperature=0)
             lines += [f"\n## {label}\n", "| family | batch | prompt tokens (median) | standard tok/s | fast tok/s | "
                       "speed-up median [min, max] | TTFT fast / standard | acceptance | tokens per forward | "
-                      "identical |", "|---|---|---|---|---|---|---|---|---|---|"]
+                      "identical | draft forward / target token |", "|---|---|---|---|---|---|---|---|---|---|---|"]
             for family in args.families.split(","):
                 texts = family_prompts(family, 8)
                 prompts = [encode(standard, t, chat) for t in texts]
@@ -156,7 +164,7 @@ def run(args) -> str:
                         f"{statistics.median(s_rates):.1f} | {statistics.median(f_rates):.1f} | "
                         f"{statistics.median(ratios):.2f} [{min(ratios):.2f}, {max(ratios):.2f}] | "
                         f"{statistics.median(ttft_ratios):.2f} | {accept:.2f} | {per_forward:.2f} | "
-                        f"{'yes' if same else 'NO'} |")
+                        f"{'yes' if same else 'NO'} | {draft_share(fast)} |")
                     print(lines[-1], flush=True)
     return "\n".join(lines)
 

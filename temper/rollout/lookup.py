@@ -134,8 +134,11 @@ class LookupDecoder(StandardDecoder):
         if self.cost.fit() is None:  # what a position costs is not measured yet
             k = min(self.spec.num_assistant_tokens, room)
         else:
-            a = x["acceptance"]
-            k = draft_length(a.first, a.then, self._draft_cost, min(self.spec.max_draft_tokens, room))
+            a, k_max = x["acceptance"], min(self.spec.max_draft_tokens, room)
+            k = draft_length(a.first, a.then, self._draft_cost, k_max)
+            if k == 0 and draft_length(1.0, 1.0, self._draft_cost, k_max) == 0:
+                return []  # not even drafts certain to be accepted would pay here (a draft model as slow as the
+                # target): decode as standard, no probes
         if k == 0 and room > 0:
             if not x.get("probe"):
                 self._back_off(x)
