@@ -168,7 +168,7 @@ def serve(path: str) -> None:
 
 def _monitor(conn: socket.socket, own: dict[str, str], added: dict[str, str]) -> None:
     """The forked monitor: start the worker, relay signals, report its exit status. Never returns."""
-    code = 1
+    code, pid = 1, 0
     try:
         os.setsid()
         signal.signal(signal.SIGCHLD, signal.SIG_DFL)
@@ -189,15 +189,17 @@ def _monitor(conn: socket.socket, own: dict[str, str], added: dict[str, str]) ->
             os.close(fd)
         conn.sendall(STARTED)
         print(f"job zygote: pid {pid} runs {' '.join(request['argv'][:2])}", file=sys.stderr, flush=True)
-        pidfd = os.pidfd_open(pid)
+        pidfd = os.pidfd_open(pid) if hasattr(os, "pidfd_open") else None  # Linux 5.3+; else poll every 0.1 s
         while True:
-            ready = select.select([conn, pidfd], [], [])[0]
-            if pidfd in ready:
-                _, status = os.waitpid(pid, 0)
+            ready = select.select([conn] if pidfd is None else [conn, pidfd], [], [], 0.1 if pidfd is None else None)[0]
+            ended, status = os.waitpid(pid, os.WNOHANG) if pidfd is None or pidfd in ready else (0, 0)
+            if ended:
                 _kill_group(pid, signal.SIGKILL)  # what the worker left running (run_job kills it too, cold)
                 conn.sendall(json.dumps({"status": status}).encode())
                 code = 0
                 break
+            if conn not in ready:
+                continue
             data = conn.recv(64)
             if not data:  # the client died (SIGKILL of its group): the job goes with it
                 _kill_group(pid, signal.SIGKILL)
@@ -208,6 +210,8 @@ def _monitor(conn: socket.socket, own: dict[str, str], added: dict[str, str]) ->
                 _kill_group(pid, signum)
     except BaseException:  # noqa: BLE001 - a monitor must never return into the zygote's loop
         traceback.print_exc()
+        if pid:  # never leave a job running that nobody can stop
+            _kill_group(pid, signal.SIGKILL)
     os._exit(code)
 
 
