@@ -111,17 +111,10 @@ def import_env(env: dict[str, str]) -> dict[str, str]:
     return {k: v for k, v in env.items() if k.startswith(IMPORT_ENV) and k not in ("PYTHONPATH", "PYTHONUNBUFFERED")}
 
 
-def send_message(sock: socket.socket, payload: dict, fds: list[int] | None = None) -> None:
-    data = json.dumps(payload).encode()
-    frame = struct.pack("!I", len(data)) + data
-    if fds:
-        socket.send_fds(sock, [frame], fds)
-    else:
-        sock.sendall(frame)
-
-
-def read_message(sock: socket.socket, max_fds: int = 0) -> tuple[dict, list[int]]:
-    data, fds, _, _ = socket.recv_fds(sock, 1 << 16, max_fds) if max_fds else (sock.recv(1 << 16), [], 0, None)
+def read_request(sock: socket.socket) -> tuple[dict, list[int]]:
+    """A client's request: a 4-byte length, then JSON (argv, env, cwd), its stdin/stdout/stderr attached. The
+    client writes it (``job_zygote_client.py``, which imports nothing of the package, so the framing is there too)."""
+    data, fds, _, _ = socket.recv_fds(sock, 1 << 16, 3)
     if len(data) < 4:
         raise ConnectionError("the client closed the connection before its request")
     (size,) = struct.unpack("!I", data[:4])
@@ -173,7 +166,7 @@ def _monitor(conn: socket.socket, own: dict[str, str], added: dict[str, str]) ->
         os.setsid()
         signal.signal(signal.SIGCHLD, signal.SIG_DFL)
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
-        request, fds = read_message(conn, max_fds=3)
+        request, fds = read_request(conn)
         theirs = import_env(request["env"])
         if theirs != own or request["argv"][:1] != ["-m"] or len(fds) != 3:
             differ = sorted(k for k in {*theirs, *own} if theirs.get(k) != own.get(k))

@@ -14,7 +14,7 @@ import struct
 import sys
 
 RELAYED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
-STARTED = b"S"  # the monitor's first byte once the job runs; its exit status follows
+STARTED = b"S"  # the monitor's first byte once the job runs; its exit status follows (job_zygote.STARTED)
 
 
 def main() -> None:

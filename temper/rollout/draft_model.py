@@ -20,7 +20,8 @@ with the draft's own distribution, accept with min(1, p/q), would accept more of
 
 Cost: the draft's decode forwards are timed as they run and added, per draft token, to what the draft's
 verified positions cost (``draft_cost.py``), so a draft whose tokens cost more than they earn is not used: the
-request then decodes as standard and probes with one draft token after each back-off, as lookup does.
+request then decodes as standard and probes with one draft token after each back-off, as lookup does; where not
+even drafts certain to be accepted would pay (a draft nearly as slow as the target), it makes no probes either.
 """
 
 from __future__ import annotations
@@ -98,7 +99,7 @@ class DraftModelDecoder(LookupDecoder):
             pos = torch.arange(start + lo, start + lo + len(ids), device=device).unsqueeze(0)
             out = self.draft(input_ids=torch.tensor([ids], device=device), cache=cache, position_ids=pos,
                              use_cache=True, logits_to_keep=1)
-        self.stats["draft_forwards"] += 1
+            self.stats["draft_forwards"] += 1
         return out.logits[0, -1]
 
     def _observe(self, seconds: float) -> None:
