@@ -15,6 +15,7 @@ exists (a CPU machine's every config load would otherwise pay torch's ~2 s impor
 from __future__ import annotations
 
 import os
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
@@ -120,6 +121,7 @@ def configure_rank(placement: Placement) -> None:
     scores on the CPU: one core is too few; a CPU rank keeps the launcher's OMP_NUM_THREADS, its share of the
     cores: ``launch_env``)."""
     os.environ["DS_ACCELERATOR"] = placement.ds_accelerator
+    use_interpreters_ninja()
     if not placement.cuda:
         return
     # lazy: torch (2 s), only in a rank
@@ -128,6 +130,20 @@ def configure_rank(placement: Placement) -> None:
     torch.cuda.set_device(placement.device)
     local_ranks = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
     torch.set_num_threads(max(1, min(8, (os.cpu_count() or 1) // max(1, local_ranks))))
+
+
+def use_interpreters_ninja() -> None:
+    """Put this interpreter's scripts folder first on PATH when it holds ``ninja``, as the image's PATH does.
+
+    DeepSpeed JIT-builds its CPU comm op with the ``ninja`` on PATH into TORCH_EXTENSIONS_DIR. Two ninjas on one
+    machine (the system's 1.11 and the 1.13 that deepspeed's dependency puts in the venv) each read the other's
+    build log as too old or unknown and rebuild the op: ~100 s of CPU every time a rank started from a shell
+    without the venv on PATH and a pod (``/opt/venv/bin`` first) took turns on one cache (measured: every stand-in
+    cluster run recompiled it)."""
+    scripts = Path(sys.executable).parent
+    path = os.environ.get("PATH", "")
+    if (scripts / "ninja").exists() and not path.startswith(f"{scripts}{os.pathsep}"):
+        os.environ["PATH"] = os.pathsep.join([str(scripts), *(p for p in path.split(os.pathsep) if p != str(scripts))])
 
 
 def peak_flops(placement: Placement) -> float | None:

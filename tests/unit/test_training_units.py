@@ -162,3 +162,22 @@ def test_a_missing_realistic_model_package_is_one_clear_error(monkeypatch):
     monkeypatch.setattr(importlib.util, "find_spec", lambda name: None)
     with pytest.raises(TemperError, match="make realistic"):
         gguf_base.packaged_gguf()
+
+
+def test_a_rank_builds_deepspeeds_op_with_its_interpreters_ninja(monkeypatch):
+    """Was: ranks started without the venv on PATH built with the system's ninja 1.11, pods with the venv's 1.13;
+    each read the other's build log as too old and recompiled the comm op (~100 s of CPU) on every switch."""
+    import os
+    import shutil
+    import sys
+    from pathlib import Path
+
+    from temper.training.device import use_interpreters_ninja
+
+    venv_ninja = Path(sys.executable).parent / "ninja"
+    assert venv_ninja.exists(), "deepspeed's ninja dependency is installed beside the interpreter"
+    monkeypatch.setenv("PATH", f"/usr/bin:/bin:{venv_ninja.parent}")
+    use_interpreters_ninja()
+    use_interpreters_ninja()
+    assert shutil.which("ninja") == str(venv_ninja)
+    assert os.environ["PATH"] == f"{venv_ninja.parent}:/usr/bin:/bin"  # moved to the front, once
