@@ -11,8 +11,10 @@ JIT-compiles for ~5 min on 2 cores).
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -74,8 +76,13 @@ def write_launch_configs(cfg: TrainConfig, directory: str | Path,
 
 
 def torch_extensions_dir() -> str:
-    """Persistent JIT cache: moving it forces DeepSpeed to recompile its comm op (~1 min)."""
-    return os.environ.get("TORCH_EXTENSIONS_DIR") or str(Path.home() / ".cache" / "temper" / "torch_extensions")
+    """Persistent JIT cache: moving it forces DeepSpeed to recompile its comm op (~1 min). One per environment
+    (``sys.prefix``): a build's commands name that environment's torch headers, so two checkouts' venvs sharing
+    one folder would recompile the op at every switch between them."""
+    if os.environ.get("TORCH_EXTENSIONS_DIR"):
+        return os.environ["TORCH_EXTENSIONS_DIR"]
+    env = hashlib.sha256(sys.prefix.encode()).hexdigest()[:12]
+    return str(Path.home() / ".cache" / "temper" / "torch_extensions" / env)
 
 
 def launch_env(ranks: int) -> dict[str, str]:

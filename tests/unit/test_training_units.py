@@ -181,3 +181,20 @@ def test_a_rank_builds_deepspeeds_op_with_its_interpreters_ninja(monkeypatch):
     use_interpreters_ninja()
     assert shutil.which("ninja") == str(venv_ninja)
     assert os.environ["PATH"] == f"{venv_ninja.parent}:/usr/bin:/bin"  # moved to the front, once
+
+
+def test_the_jit_cache_is_one_per_environment(monkeypatch):
+    """Two checkouts' venvs in one folder rebuilt the op at every switch (its build commands name the venv's paths)."""
+    import sys
+    from pathlib import Path
+
+    from temper.training import deepspeed as ds
+
+    monkeypatch.delenv("TORCH_EXTENSIONS_DIR", raising=False)
+    here = ds.torch_extensions_dir()
+    monkeypatch.setattr(sys, "prefix", "/elsewhere/.venv")
+    other = ds.torch_extensions_dir()
+    assert here != other and Path(here).parent == Path(other).parent
+    assert ds.launch_env(1)["TORCH_EXTENSIONS_DIR"] == other
+    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", "/cache/volume")  # a pod's shared cache volume is taken as given
+    assert ds.torch_extensions_dir() == "/cache/volume"
