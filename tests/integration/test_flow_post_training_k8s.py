@@ -47,7 +47,10 @@ def _params(backend: str, **kw):
 def on_cluster(temper_home, s3_env, flow_env, k8s_cluster, monkeypatch, tmp_path):
     """The stand-in set up as k8s/base would: namespaces, the workloads' account, priority classes, the S3
     Secret (moto's test credentials), and the options file a flow-run pod reads (TEMPER_K8S_OPTIONS)."""
+    import os
     import shutil
+    import subprocess
+    import sys
     from pathlib import Path
 
     import yaml
@@ -66,6 +69,14 @@ def on_cluster(temper_home, s3_env, flow_env, k8s_cluster, monkeypatch, tmp_path
     # DeepSpeed's CPU comm op, compiled once on this machine, on a volume every pod sees (as an image or a
     # cache volume would carry it): else each pod JIT-compiles it (~1-3 min on 2 busy cores) in its own /tmp.
     cache = k8s_cluster.shared_dir / "torch_extensions"
+    built = Path(torch_extensions_dir()) / "deepspeed_shm_comm"
+    if not (built / "deepspeed_shm_comm.so").exists() or (built / "lock").exists():
+        # built first (or its build elsewhere waited for, through torch's lock): a copy of no cache or of a build
+        # in progress had every cluster run compile it again in its pods, on their way to the first step
+        build = ("from temper.training.device import use_interpreters_ninja; use_interpreters_ninja(); "
+                 "from deepspeed.ops.op_builder.cpu import ShareMemCommBuilder; ShareMemCommBuilder().load()")
+        subprocess.run([sys.executable, "-c", build], check=True, capture_output=True, timeout=900,
+                       env={**os.environ, "DS_ACCELERATOR": "cpu", "TORCH_EXTENSIONS_DIR": torch_extensions_dir()})
     if Path(torch_extensions_dir()).is_dir():
         # not the FileBaton/ninja locks: a copied lock of a build elsewhere would make every pod wait forever
         shutil.copytree(torch_extensions_dir(), cache, ignore=shutil.ignore_patterns("lock", ".ninja_lock"))
