@@ -55,7 +55,8 @@ class KubernetesOptions(BaseModel):
                                    description="accelerate config of multi-pod ZeRO-3 training, relative to app_dir.")
     env: dict[str, str] = Field(default_factory=dict,
                                 description="Extra environment of training/eval pods, e.g. TORCH_EXTENSIONS_DIR on a "
-                                "cache volume so DeepSpeed's CPU comm op is not JIT-compiled in every pod (~1 min).")
+                                "cache volume for an image without DeepSpeed's CPU comm op compiled in it (docker/"
+                                "Dockerfile compiles it; else every pod JIT-compiles it, ~1 min).")
     train_resources: Resources = Field(default_factory=lambda: Resources(cpu="1", memory="4Gi", shm_size="1Gi"),
                                        description="Requests/limits of each training pod (one rank per pod).")
     eval_resources: Resources = Field(default_factory=lambda: Resources(cpu="1", memory="4Gi", shm_size="256Mi"),

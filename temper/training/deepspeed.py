@@ -14,7 +14,9 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import shutil
 import sys
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -83,6 +85,36 @@ def torch_extensions_dir() -> str:
         return os.environ["TORCH_EXTENSIONS_DIR"]
     env = hashlib.sha256(sys.prefix.encode()).hexdigest()[:12]
     return str(Path.home() / ".cache" / "temper" / "torch_extensions" / env)
+
+
+PREBUILT_EXTENSIONS_ENV = "TEMPER_PREBUILT_TORCH_EXTENSIONS"  # set by the workload image (docker/Dockerfile)
+
+
+def seed_torch_extensions() -> list[str]:
+    """Copy the ops the image compiled when it was built (the folder ``TEMPER_PREBUILT_TORCH_EXTENSIONS`` names)
+    into this process's JIT cache where the cache lacks them; returns the ops copied.
+
+    Why: a pod's cache is its own /tmp (the root filesystem is read-only, and torch's loader writes a lock and
+    build.ninja beside an op even when it builds nothing), so every CPU rank pod compiled DeepSpeed's comm op at
+    its start (1-3 min on 2 cores). Copied with their times, ninja finds them up to date: the image's sources,
+    compiler and ninja are the ones that built them. Each op is copied whole to a temporary folder, then renamed
+    into place: two ranks of one pod never load half a copy."""
+    prebuilt = Path(os.environ.get(PREBUILT_EXTENSIONS_ENV) or "/nonexistent")
+    if not prebuilt.is_dir():
+        return []
+    cache, copied = Path(torch_extensions_dir()), []
+    for op in sorted(p for p in prebuilt.iterdir() if p.is_dir()):
+        if (cache / op.name).exists():
+            continue
+        cache.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=f".{op.name}-", dir=cache))
+        shutil.copytree(op, tmp, dirs_exist_ok=True, ignore=shutil.ignore_patterns("lock", ".ninja_lock"))
+        try:
+            tmp.rename(cache / op.name)
+            copied.append(op.name)
+        except OSError:  # another rank of this pod put it there first
+            shutil.rmtree(tmp, ignore_errors=True)
+    return copied
 
 
 def launch_env(ranks: int) -> dict[str, str]:

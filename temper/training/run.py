@@ -30,7 +30,7 @@ from temper.training import checkpoint as ckpt
 from temper.training.callbacks import TemperCallback
 from temper.training.config import TrainConfig, TrainingError
 from temper.training.curriculum import CurriculumStream, lazy_dataset, replay
-from temper.training.deepspeed import write_launch_configs
+from temper.training.deepspeed import seed_torch_extensions, write_launch_configs
 from temper.training.device import configure_rank, rank_placement
 from temper.training.disk import disk_full_is_named, folder_bytes
 from temper.training.mixing import DomainMixSampler
@@ -174,6 +174,7 @@ def train(cfg: TrainConfig, settings: Settings | None = None) -> dict[str, Any]:
     settings = settings or get_settings()
     placement = rank_placement(cfg.precision)
     configure_rank(placement)  # before DeepSpeed picks its accelerator
+    seed_torch_extensions()  # the image's compiled ops, before DeepSpeed would compile them
     domains, frames, digests, uris = load_domains(cfg, settings)
     model_dir = resolve_model(cfg.base_model, settings)
     ds_json = None

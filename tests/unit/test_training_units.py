@@ -198,3 +198,30 @@ def test_the_jit_cache_is_one_per_environment(monkeypatch):
     assert ds.launch_env(1)["TORCH_EXTENSIONS_DIR"] == other
     monkeypatch.setenv("TORCH_EXTENSIONS_DIR", "/cache/volume")  # a pod's shared cache volume is taken as given
     assert ds.torch_extensions_dir() == "/cache/volume"
+
+
+def test_a_rank_copies_the_images_compiled_ops_into_its_cache_with_their_times(monkeypatch, tmp_path):
+    """Was: every CPU rank pod compiled DeepSpeed's comm op into its own /tmp at start. The image's copy must arrive
+    whole, with its files' times (ninja's log records them: changed times would rebuild it), without a build lock."""
+    import os
+
+    from temper.training import deepspeed as ds
+
+    prebuilt, cache = tmp_path / "image", tmp_path / "pod-tmp"
+    op = prebuilt / "deepspeed_shm_comm"
+    op.mkdir(parents=True)
+    for name in ("deepspeed_shm_comm.so", ".ninja_log", "build.ninja", "lock"):
+        (op / name).write_text(name)
+        os.utime(op / name, (1_700_000_000, 1_700_000_000))
+    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(cache))
+    monkeypatch.delenv(ds.PREBUILT_EXTENSIONS_ENV, raising=False)
+    assert ds.seed_torch_extensions() == [] and not cache.exists()  # not in an image: nothing to copy
+    monkeypatch.setenv(ds.PREBUILT_EXTENSIONS_ENV, str(prebuilt))
+    assert ds.seed_torch_extensions() == ["deepspeed_shm_comm"]
+    copied = cache / "deepspeed_shm_comm"
+    assert sorted(p.name for p in copied.iterdir()) == [".ninja_log", "build.ninja", "deepspeed_shm_comm.so"]
+    assert all(p.stat().st_mtime == 1_700_000_000 for p in copied.iterdir())
+    assert [p.name for p in cache.iterdir()] == ["deepspeed_shm_comm"]  # no temporary folder left
+    (copied / "build.ninja").write_text("this pod's own")
+    assert ds.seed_torch_extensions() == []  # an op already in the cache is left as it is
+    assert (copied / "build.ninja").read_text() == "this pod's own"

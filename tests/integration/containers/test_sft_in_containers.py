@@ -43,9 +43,11 @@ FLOW_DOMAINS = ("arithmetic", "multiplication")
 @pytest.fixture
 def in_containers(on_cluster, workload_image):  # noqa: F811 - the imported fixture
     """The cluster of test_flow_post_training_k8s.py, its pods running this tree's image."""
-    # the shared DeepSpeed op cache is written by the pods' uid 1000 (they rebuild it: their paths differ)
+    # what the pods read there (the kube config) is read by their uid 1000
     subprocess.run(["chmod", "-R", "a+rwX", str(on_cluster.shared_dir)], check=True)
-    on_cluster.set_options(image=workload_image)
+    # not the host's DeepSpeed op cache (the bwrap pods' TORCH_EXTENSIONS_DIR): its build names the host's paths, so
+    # the first pods rebuilt it; a rank in the image copies the op the image compiled into its own /tmp
+    on_cluster.set_options(image=workload_image, env={})
     return on_cluster
 
 

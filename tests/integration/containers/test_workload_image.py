@@ -48,3 +48,29 @@ def test_the_image_runs_the_eval_workload_read_only_as_uid_1000_and_scores_as_th
     inside = json.loads(result)
     assert inside["ids"] == host.ids and inside["rewards"] == host.rewards
     assert [s["completion"] for s in inside["samples"]] == [s["completion"] for s in host.samples]
+
+
+def test_a_cpu_rank_in_the_image_loads_the_comm_op_the_image_compiled(image):
+    """Was: every CPU rank pod compiled DeepSpeed's comm op into its own /tmp at start (1-3 min on 2 cores). A rank as
+    a pod runs it (uid 1000, read-only root, only /tmp writable) copies the image's build and loads it; ninja's build
+    log is the image's, unchanged: nothing was compiled."""
+    script = (
+        "import os, time\n"
+        "from temper.training.device import configure_rank, rank_placement\n"
+        "from temper.training.deepspeed import seed_torch_extensions, torch_extensions_dir\n"
+        "configure_rank(rank_placement('auto'))\n"
+        "print(seed_torch_extensions())\n"
+        "op = os.path.join(torch_extensions_dir(), 'deepspeed_shm_comm')\n"
+        "log = open(os.path.join(op, '.ninja_log')).read()\n"
+        "t = time.perf_counter()\n"
+        "from deepspeed.ops.op_builder.cpu import ShareMemCommBuilder\n"
+        "ShareMemCommBuilder().load()\n"
+        "print(open(os.path.join(op, '.ninja_log')).read() == log, op, f'{time.perf_counter() - t:.1f}')\n")
+    run = _podman("run", "--rm", "--read-only", "--tmpfs", "/tmp:rw,size=256m", "--network", "none", image,
+                  "python", "-c", script, timeout=600)
+    assert run.returncode == 0, run.stderr[-2000:]
+    lines = run.stdout.splitlines()  # DeepSpeed prints its load time between the two
+    copied, (unchanged, op, seconds) = lines[0], lines[-1].split()
+    assert copied == "['deepspeed_shm_comm']" and op == "/tmp/torch_extensions/deepspeed_shm_comm", run.stdout
+    assert unchanged == "True", run.stdout + run.stderr[-2000:]
+    print(f"the image's comm op loaded in {seconds} s in a fresh container, nothing compiled")
