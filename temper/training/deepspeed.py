@@ -99,11 +99,11 @@ def seed_torch_extensions() -> list[str]:
     its start (1-3 min on 2 cores). Copied with their times, ninja finds them up to date: the image's sources,
     compiler and ninja are the ones that built them. Each op is copied whole to a temporary folder, then renamed
     into place: two ranks of one pod never load half a copy."""
-    prebuilt = Path(os.environ.get(PREBUILT_EXTENSIONS_ENV) or "/nonexistent")
-    if not prebuilt.is_dir():
+    prebuilt = os.environ.get(PREBUILT_EXTENSIONS_ENV)
+    if not prebuilt or not Path(prebuilt).is_dir():
         return []
     cache, copied = Path(torch_extensions_dir()), []
-    for op in sorted(p for p in prebuilt.iterdir() if p.is_dir()):
+    for op in sorted(p for p in Path(prebuilt).iterdir() if p.is_dir()):
         if (cache / op.name).exists():
             continue
         cache.mkdir(parents=True, exist_ok=True)
