@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import os
 import shutil
 import sys
@@ -25,6 +26,8 @@ import yaml
 from temper.training.config import TrainConfig
 from temper.training.device import Placement, rank_placement, visible_gpus
 from temper.training.progress import quiet_env
+
+log = logging.getLogger("temper.train")
 
 
 def deepspeed_config(cfg: TrainConfig, placement: Placement | None = None) -> dict[str, Any]:
@@ -106,9 +109,16 @@ def seed_torch_extensions() -> list[str]:
     for op in sorted(p for p in Path(prebuilt).iterdir() if p.is_dir()):
         if (cache / op.name).exists():
             continue
-        cache.mkdir(parents=True, exist_ok=True)
-        tmp = Path(tempfile.mkdtemp(prefix=f".{op.name}-", dir=cache))
-        shutil.copytree(op, tmp, dirs_exist_ok=True, ignore=shutil.ignore_patterns("lock", ".ninja_lock"))
+        tmp = None
+        try:
+            cache.mkdir(parents=True, exist_ok=True)
+            tmp = Path(tempfile.mkdtemp(prefix=f".{op.name}-", dir=cache))
+            shutil.copytree(op, tmp, dirs_exist_ok=True, ignore=shutil.ignore_patterns("lock", ".ninja_lock"))
+        except OSError as err:  # a full or unwritable /tmp: the copy only saves time, DeepSpeed compiles it instead
+            log.warning("could not copy the image's %s op into %s (%s): DeepSpeed compiles it", op.name, cache, err)
+            if tmp is not None:
+                shutil.rmtree(tmp, ignore_errors=True)
+            continue
         try:
             tmp.rename(cache / op.name)
             copied.append(op.name)

@@ -174,7 +174,8 @@ def train(cfg: TrainConfig, settings: Settings | None = None) -> dict[str, Any]:
     settings = settings or get_settings()
     placement = rank_placement(cfg.precision)
     configure_rank(placement)  # before DeepSpeed picks its accelerator
-    seed_torch_extensions()  # the image's compiled ops, before DeepSpeed would compile them
+    if not placement.cuda:
+        seed_torch_extensions()  # the image's compiled CPU comm op, before DeepSpeed would compile it
     domains, frames, digests, uris = load_domains(cfg, settings)
     model_dir = resolve_model(cfg.base_model, settings)
     ds_json = None

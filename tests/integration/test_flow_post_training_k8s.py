@@ -70,7 +70,10 @@ def on_cluster(temper_home, s3_env, flow_env, k8s_cluster, monkeypatch, tmp_path
     # cache volume would carry it): else each pod JIT-compiles it (~1-3 min on 2 busy cores) in its own /tmp.
     cache = k8s_cluster.shared_dir / "torch_extensions"
     built = Path(torch_extensions_dir()) / "deepspeed_shm_comm"
-    if not (built / "deepspeed_shm_comm.so").exists() or (built / "lock").exists():
+    lock = built / "lock"
+    if lock.exists() and time.time() - lock.stat().st_mtime > 900:  # a killed build's (one takes 1-3 min): torch
+        lock.unlink()  # would wait on it forever
+    if not (built / "deepspeed_shm_comm.so").exists() or lock.exists():
         # built first (or its build elsewhere waited for, through torch's lock): a copy of no cache or of a build
         # in progress had every cluster run compile it again in its pods, on their way to the first step
         build = ("from temper.training.device import use_interpreters_ninja; use_interpreters_ninja(); "

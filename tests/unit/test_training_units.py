@@ -225,3 +225,6 @@ def test_a_rank_copies_the_images_compiled_ops_into_its_cache_with_their_times(m
     (copied / "build.ninja").write_text("this pod's own")
     assert ds.seed_torch_extensions() == []  # an op already in the cache is left as it is
     assert (copied / "build.ninja").read_text() == "this pod's own"
+    (tmp_path / "a-file").write_text("")
+    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path / "a-file" / "cache"))
+    assert ds.seed_torch_extensions() == []  # a cache it cannot write: DeepSpeed compiles the op, the rank goes on
