@@ -27,7 +27,7 @@ from temper.training.config import TrainConfig
 from temper.training.device import Placement, rank_placement, visible_gpus
 from temper.training.progress import quiet_env
 
-log = logging.getLogger("temper.train")
+log = logging.getLogger(__name__)  # under "temper": the rank's log lines (progress.py)
 
 
 def deepspeed_config(cfg: TrainConfig, placement: Placement | None = None) -> dict[str, Any]:
