@@ -1,4 +1,4 @@
-"""The registry lock (``temper.registry.lock.model_lock``) under real contention: spawned
+"""The registry lock (``temper.registry.lock.model_lock``) under real contention: separate
 processes, each with its own MLflow client and store connection, taking and releasing the lock
 of one model over and over, on the embedded sqlite store and on an MLflow server.
 
@@ -8,9 +8,11 @@ holders loses an increment, and any failure to take the lock is reported.
 
 from __future__ import annotations
 
-import multiprocessing
+import os
 
 import pytest
+
+from tests.integration.conftest import in_env, store_processes
 
 MODEL = "locked-model"
 PROCESSES, ROUNDS = 6, 15
@@ -47,9 +49,10 @@ def test_lock_holders_never_overlap_and_contention_is_never_an_error(registry_ur
 
     c = MlflowClient(tracking_uri=registry_uri, registry_uri=registry_uri)
     c.create_registered_model(MODEL, tags={"counter": "0"})
-    ctx = multiprocessing.get_context("spawn")
+    ctx = store_processes("temper.registry.lock", __name__)
     barrier, out = ctx.Barrier(PROCESSES), ctx.Queue()
-    procs = [ctx.Process(target=_hammer, args=(registry_uri, ROUNDS, barrier, out)) for _ in range(PROCESSES)]
+    procs = [ctx.Process(target=in_env, args=(dict(os.environ), _hammer, registry_uri, ROUNDS, barrier, out))
+             for _ in range(PROCESSES)]
     for p in procs:
         p.start()
     errors = [e for _ in procs for e in out.get(timeout=900)]

@@ -27,6 +27,7 @@ from temper.core.tag_names import (
     TAG_STAGE,
     VERSION_AUDIT_TAG,
 )
+from tests.integration.conftest import in_env, store_processes
 
 N = 40
 
@@ -422,7 +423,7 @@ def test_promote_and_rollback_flows(tracked, model, prefect_api):
 
 
 def _promote_rounds(model: str, i: int, rounds: int, barrier, out) -> None:
-    """One promoting process (spawned: its own interpreter, MLflow client and store connection).
+    """One promoting process (its own process, MLflow client and store connection).
     Each round it waits for the others, then force-promotes v1 or v2 (alternating by process)."""
     from temper.registry.aliases import promote
 
@@ -442,12 +443,10 @@ PARALLEL_ROUNDS = int(os.environ.get("TEMPER_TEST_PROMOTE_ROUNDS", "2"))  # more
 def test_concurrent_promotions_get_distinct_sequence_numbers(tracked, model):
     """Was: two promotions at once both wrote temper.audit.champion.<N+1>; one event lost.
 
-    Real processes (spawned, as two operators' CLIs or a flow and a CLI would be), all promoting
+    Real processes (as two operators' CLIs or a flow and a CLI would be), all promoting
     against the same store: every change gets its own sequence number, the trail has no gap and
     no lost event, each event starts where the last ended, and the alias is where the trail says.
     """
-    import multiprocessing
-
     from mlflow.tracking import MlflowClient
 
     from temper.registry.aliases import audit_trail
@@ -456,9 +455,10 @@ def test_concurrent_promotions_get_distinct_sequence_numbers(tracked, model):
     register(model, GOOD, passed=True)
     register(model, BETTER, passed=False)
     start = len(audit_trail(model))
-    ctx = multiprocessing.get_context("spawn")  # inherits os.environ: TEMPER_HOME and the tracking URI
+    ctx = store_processes("temper.registry.aliases", __name__)
     barrier, out = ctx.Barrier(PARALLEL_PROCESSES), ctx.Queue()
-    procs = [ctx.Process(target=_promote_rounds, args=(model, i, PARALLEL_ROUNDS, barrier, out))
+    env = dict(os.environ)  # TEMPER_HOME and the tracking URI
+    procs = [ctx.Process(target=in_env, args=(env, _promote_rounds, model, i, PARALLEL_ROUNDS, barrier, out))
              for i in range(PARALLEL_PROCESSES)]
     for p in procs:
         p.start()
