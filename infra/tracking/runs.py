@@ -11,10 +11,11 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import itertools
 import json
 import os
 import subprocess
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -115,11 +116,25 @@ def stage_run(stage: str, *, parent_run_id: str | None = None, tags: dict[str, s
 
 def log_dataset(name: str, frame: Any, source_uri: str, sha256: str, context: str = "training") -> None:
     """Record a consumed dataset on the active run: name, digest, source."""
+    log_datasets([(name, frame, source_uri, sha256)], context)
+
+
+DATASETS_PER_REQUEST = 100  # MLflow takes up to 1,000 (MAX_DATASETS_PER_BATCH); each carries its schema
+
+
+def log_datasets(items: Iterable[tuple[str, Any, str, str]], context: str = "training") -> None:
+    """Record consumed datasets, ``(name, frame, source URI, sha256)`` each, on the active run, in batched
+    requests: at hundreds of domains one request per dataset was most of a validation's tracking time (300
+    requests, ~35 s of the 300-domain validate flow's CPU). ``items`` is read a batch at a time, so only a
+    batch's frames are held."""
     # lazy: mlflow (1.6 s) would load in fast unit tests (test_domain_roles.py)
     import mlflow
 
-    ds = mlflow.data.from_pandas(frame, source=source_uri, name=name, digest=sha256[:MLFLOW_DIGEST_LEN])
-    mlflow.log_input(ds, context=context, tags={TAG_SHA256: sha256})
+    items = iter(items)
+    while batch := list(itertools.islice(items, DATASETS_PER_REQUEST)):
+        mlflow.log_inputs([mlflow.data.from_pandas(frame, source=uri, name=name, digest=sha256[:MLFLOW_DIGEST_LEN])
+                           for name, frame, uri, sha256 in batch],
+                          contexts=[context] * len(batch), tags_list=[{TAG_SHA256: sha256} for *_, sha256 in batch])
 
 
 def use_experiment(experiment: str, settings: Settings | None = None) -> Any:

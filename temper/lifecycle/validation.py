@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING
 from data_contracts.model import Contract, load_contracts
 from data_contracts.report import DomainReport
 from infra.storage import join, put_dir
-from infra.tracking.runs import log_dataset
+from infra.tracking.runs import log_datasets
 from temper.core.errors import DatasetError
 from temper.core.settings import Settings, get_settings
 from temper.core.tag_names import CONTEXT_VALIDATION, TAG_DATA_VALIDATION
@@ -241,14 +241,18 @@ def log_validated_datasets(reports: list[DomainReport], domains: list[Domain], c
     """
     settings = settings or get_settings()
     by_name = {d.name: d for d in domains}
-    for r in reports:
-        if not r.digest:
-            continue
-        ds = load_dataset(by_name[r.domain], settings)
-        if ds.digest != r.digest:
-            raise DatasetError(f"dataset {ds.uri} changed after validation (sha256 {r.digest[:12]} -> "
-                               f"{ds.digest[:12]}); validate again")
-        log_dataset(r.domain, ds.frame, ds.uri, ds.digest, context=context)
+
+    def read_again():
+        for r in reports:
+            if not r.digest:
+                continue
+            ds = load_dataset(by_name[r.domain], settings)
+            if ds.digest != r.digest:
+                raise DatasetError(f"dataset {ds.uri} changed after validation (sha256 {r.digest[:12]} -> "
+                                   f"{ds.digest[:12]}); validate again")
+            yield r.domain, ds.frame, ds.uri, ds.digest
+
+    log_datasets(read_again(), context=context)
 
 
 def track_validation(summary: ValidationSummary, domains: list[Domain], settings: Settings | None = None) -> None:
@@ -257,8 +261,8 @@ def track_validation(summary: ValidationSummary, domains: list[Domain], settings
     import mlflow
 
     log_validated_datasets(summary.reports, domains, CONTEXT_VALIDATION, settings)
-    for r in summary.reports:
-        mlflow.log_metric(f"contract_failures.{r.domain}", len(r.failures) + (1 if r.error else 0))
+    mlflow.log_metrics({f"contract_failures.{r.domain}": len(r.failures) + (1 if r.error else 0)
+                        for r in summary.reports})  # batched: one request, not one per domain
     mlflow.log_dict(summary.to_dict(), "validation/report.json")
     mlflow.set_tag(TAG_DATA_VALIDATION, "pass" if summary.success else "fail")
     if summary.docs_local:

@@ -17,7 +17,7 @@ from typing import Any, Callable
 from transformers import TrainerCallback
 
 from infra.tracking.connection import configure, outage_named
-from infra.tracking.runs import code_version, config_hash, log_dataset, open_keyed_run, use_experiment
+from infra.tracking.runs import code_version, config_hash, log_datasets, open_keyed_run, use_experiment
 from temper.agent import trajectories
 from temper.core.settings import Settings
 from temper.core.tag_names import CONTEXT_TRAINING, TAG_BASE_MODEL, TAG_CONFIG_HASH, TAG_GIT, TAG_KIND, TAG_STAGE
@@ -126,8 +126,8 @@ class TemperCallback(TrainerCallback):
             # what the config's 'auto' became on this machine (the config hash stays the file's)
             mlflow.log_params({"device": self.placement.device.split(":")[0], "precision": self.placement.precision,
                                "world_size": self.cfg.world_size})
-            for name, frame in self.frames.items():
-                log_dataset(name, frame, self.uris[name], self.digests[name], context=CONTEXT_TRAINING)
+            log_datasets(((name, frame, self.uris[name], self.digests[name]) for name, frame in self.frames.items()),
+                         context=CONTEXT_TRAINING)
 
     def on_step_begin(self, args, state, control, **kw):
         self._t_step = time.perf_counter()

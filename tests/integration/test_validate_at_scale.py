@@ -25,11 +25,11 @@ def big_catalog(tmp_path_factory):
     """(catalog dir, TEMPER_HOME) with N generated datasets, one of them corrupted."""
     import os
 
+    from infra.storage import write_bytes_atomic
+    from temper.core.settings import get_settings
     from temper.data.catalog import load_catalog
     from temper.data.datasets import read_dataset, serialize_dataset
     from temper.data.generators import generate_domain_dataset
-    from temper.core.settings import get_settings
-    from infra.storage import write_bytes_atomic
 
     root = tmp_path_factory.mktemp("scale")
     catalog, home = root / "catalog", root / "home"
@@ -84,8 +84,8 @@ def test_cli_validates_300_domains_in_worker_processes(big_catalog, capsys):
 def test_validate_flow_maps_300_domains_and_reports_the_broken_one(big_catalog, prefect_api, mlflow_server,
                                                                     monkeypatch):
     from flows.validate_data import validate_data
-    from temper.lifecycle.params import ValidateParams
     from temper.core.settings import get_settings
+    from temper.lifecycle.params import ValidateParams
 
     monkeypatch.setenv("TEMPER_TRACKING_URI", mlflow_server)
     get_settings.cache_clear()
@@ -94,6 +94,22 @@ def test_validate_flow_maps_300_domains_and_reports_the_broken_one(big_catalog, 
     assert result["failed"] == [BROKEN] and result["success"] is False
     runs = [r for r in _all_task_runs(state.state_details.flow_run_id) if r.name.startswith("validate-")]
     assert len(runs) == N and all(r.state.is_completed() for r in runs)
+    # every dataset on the validation's MLflow run (logged in batches of DATASETS_PER_REQUEST), with its
+    # digest and context, and one contract_failures metric per domain
+    from mlflow.tracking import MlflowClient
+
+    from infra.tracking.runs import DATASETS_PER_REQUEST
+    from temper.core.tag_names import TAG_SHA256
+
+    assert N > 2 * DATASETS_PER_REQUEST
+    run = MlflowClient(mlflow_server).get_run(result["mlflow_run_id"])
+    inputs = {i.dataset.name: i for i in run.inputs.dataset_inputs}
+    assert sorted(inputs) == [f"scale_{i:03d}" for i in range(N)]
+    for name, i in inputs.items():
+        tags = {t.key: t.value for t in i.tags}
+        assert tags["mlflow.data.context"] == "validation" and i.dataset.digest == tags[TAG_SHA256][:32], (name, tags)
+    failures = {k: v for k, v in run.data.metrics.items() if k.startswith("contract_failures.")}
+    assert len(failures) == N and {k for k, v in failures.items() if v} == {f"contract_failures.{BROKEN}"}
 
 
 def _all_task_runs(flow_run_id):
