@@ -1,8 +1,8 @@
 """Run records: the lifecycle run of a flow, its stage runs, the datasets they consumed, found again by key.
 
 Layout in MLflow: one experiment per flow; a *lifecycle* parent run per flow run; one child run per
-stage (validate, sft, grpo, eval, ...). Every dataset a stage consumes is logged with
-``mlflow.log_input`` (name = domain, digest, source URI), so the registered version -> run -> parent
+stage (validate, sft, grpo, eval, ...). Every dataset a stage consumes is logged as a dataset input
+(``log_datasets``: name = domain, digest, source URI), so the registered version -> run -> parent
 -> datasets chain can be walked back (``infra.tracking.tree``). The tag names are
 ``temper.core.tag_names``; MLflow must already point at the store (``infra.tracking.connection``).
 """
