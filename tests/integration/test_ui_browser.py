@@ -32,6 +32,7 @@ SMALL = {"model_name": MODEL, "domains": ["arithmetic", "multiplication"], "sft"
 DEPLOYMENT_TIMEOUT_S = 120  # serve process up and the deployment registered
 RUN_TIMEOUT_S = 300  # the flow run from the click to a final state
 UI_TIMEOUT_MS = 30_000  # one UI step (page load, element visible)
+QUICK_RUN_ATTEMPTS = 3  # clicks on Quick run before the test gives up (see _quick_run)
 
 pytestmark = [pytest.mark.slow,
               pytest.mark.skipif(not CHROMIUM.exists(), reason="needs Debian's chromium at /usr/bin/chromium "
@@ -52,6 +53,7 @@ def prefect_server(tmp_path):
     env = {**os.environ, "PREFECT_HOME": str(home), "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
            "PREFECT_API_URL": f"{url}/api", "PREFECT_UI_API_URL": f"{url}/api", "PREFECT_UI_URL": url,
            "PREFECT_SERVER_UI_SHOW_PROMOTIONAL_CONTENT": "false", "DO_NOT_TRACK": "1",
+           "PREFECT_SERVER_LOG_RETRYABLE_ERRORS": "true",  # a locked SQLite's 503s show in the server log
            "PREFECT_LOCAL_STORAGE_PATH": str(tmp_path / "prefect-results")}
     log = tmp_path / "prefect-server.log"
     proc = subprocess.Popen([str(BIN / "prefect"), "server", "start", "--host", "127.0.0.1", "--port", str(port)],
@@ -129,6 +131,35 @@ def _wait_final(api: str, flow_run_id: str, proc: subprocess.Popen, log: Path):
     pytest.fail(f"flow run {flow_run_id} not finished after {RUN_TIMEOUT_S}s: {flow_run.state}\n{_log_tail(log)}")
 
 
+def _quick_run(page, api_errors: list[str]):
+    """Run -> Quick run, as a person does; returns the toast of the run it scheduled.
+
+    On a loaded machine Prefect's SQLite server answers a write it could not lock in time with 503
+    ("Service Unavailable", logged only with PREFECT_SERVER_LOG_RETRYABLE_ERRORS): its Python client retries
+    those, its UI shows "Failed to schedule flow run" and creates nothing. A person clicks again; so does this,
+    up to QUICK_RUN_ATTEMPTS times, and fails naming the API calls that failed.
+    """
+    from playwright.sync_api import expect
+
+    # Prefect's UI mounts its toast app twice: two identical toasts, stacked, the later one on top (it takes
+    # the pointer). They leave 5 s after they show: once one shows, the caller reads the name and clicks at once.
+    scheduled = page.locator(".toast-flow-run-create").filter(visible=True).last
+    failed = page.get_by_text("Failed to schedule flow run").filter(visible=True)
+    for _ in range(QUICK_RUN_ATTEMPTS):
+        run_button = page.locator("button.run-menu__run-button")
+        expect(run_button).to_be_enabled()
+        run_button.click()
+        page.get_by_text("Quick run", exact=True).click()
+        expect(scheduled.or_(failed.last)).to_be_visible(timeout=UI_TIMEOUT_MS)
+        if scheduled.is_visible():
+            expect(scheduled).to_contain_text("scheduled to start now")
+            return scheduled
+        print(f"Quick run refused by the server (failed API calls so far: {api_errors}); clicking again",
+              file=sys.stderr)
+        expect(failed).to_have_count(0, timeout=UI_TIMEOUT_MS)  # the error toasts leave before the next click
+    pytest.fail(f"no Quick run scheduled in {QUICK_RUN_ATTEMPTS} clicks; failed API calls: {api_errors}")
+
+
 def test_quick_run_of_post_training_from_the_ui_completes(served_deployment, tmp_path):
     from playwright.sync_api import expect, sync_playwright
     from prefect.client.schemas.filters import DeploymentFilter, DeploymentFilterId
@@ -142,21 +173,16 @@ def test_quick_run_of_post_training_from_the_ui_completes(served_deployment, tmp
                                      args=["--no-sandbox", "--disable-dev-shm-usage", "--disable-gpu"])
         page = browser.new_page(viewport={"width": 1400, "height": 1000})
         page.set_default_timeout(UI_TIMEOUT_MS)
+        api_errors: list[str] = []  # the UI's failed API calls, for the failure report
+        page.on("response", lambda r: api_errors.append(f"{r.request.method} {r.url} -> {r.status}")
+                if "/api/" in r.url and r.status >= 400 else None)
         try:
             page.goto(f"{ui}/deployments", wait_until="domcontentloaded")
             link = page.get_by_role("link", name="post-training", exact=True)
             expect(link).to_be_visible()
             link.click()
             page.wait_for_url(re.compile(rf"/deployments/deployment/{deployment.id}"))
-            run_button = page.locator("button.run-menu__run-button")
-            expect(run_button).to_be_enabled()
-            run_button.click()
-            page.get_by_text("Quick run", exact=True).click()
-            # Prefect's UI mounts its toast app twice: two identical toasts, stacked, the later
-            # one on top (it takes the pointer). They leave 5 s after they show: once one shows (the server
-            # may take longer to create the run on a loaded machine), read the name and click at once.
-            toast = page.locator(".toast-flow-run-create").filter(visible=True).last
-            expect(toast).to_contain_text("scheduled to start now")
+            toast = _quick_run(page, api_errors)
             run_name = toast.locator(".toast-flow-run-create__message--emphasized").first.inner_text()
             toast.get_by_role("button", name="View run").click()
             page.wait_for_url(re.compile(r"/runs/flow-run/[0-9a-f-]{36}"))
@@ -187,7 +213,8 @@ def test_quick_run_of_post_training_from_the_ui_completes(served_deployment, tmp
                 (tmp_path / "ui-failure.html").write_text(page.content())
             except Exception as e:  # a crashed browser must not hide the failure itself
                 shot = f"(none: {e})"
-            print(f"screenshot: {shot}\n{_log_tail(serve_log)}\n{_log_tail(server_log)}", file=sys.stderr)
+            print(f"screenshot: {shot}\nfailed API calls: {api_errors}\n{_log_tail(serve_log)}\n"
+                  f"{_log_tail(server_log)}", file=sys.stderr)
             raise
         finally:
             browser.close()
