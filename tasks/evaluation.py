@@ -25,6 +25,7 @@ from temper.registry.samples import eval_samples
 from temper.registry.store import client, version_of
 from temper.registry.tags import eval_tags, parse_eval_tags
 from temper.registry.versions import resolve_version
+from temper.training.progress import quiet_env
 
 
 @task(retries=1, retry_delay_seconds=5, task_run_name="eval-{label}")
@@ -79,7 +80,8 @@ def _run_eval_jobs(model_dir: str, domains: list[str], settings: EvalSettings, l
                str(settings.limit), "--max-new-tokens", str(settings.max_new_tokens), "--out", out]
     command += [a for d in domains for a in ("--domain", d)]
     command += ["--generator", "rollout"] if get_settings().rollout.backend else []
-    spec = JobSpec(name=name, kind="eval", timeout_s=3600, command=command, env={"OMP_NUM_THREADS": "1"})
+    # the libraries quiet, as in training jobs (their progress bars are no log lines)
+    spec = JobSpec(name=name, kind="eval", timeout_s=3600, command=command, env={"OMP_NUM_THREADS": "1", **quiet_env()})
     execution.run(spec, lambda line: logger.debug("[eval-%s] %s", label, line), shards=shards)
     fs, root = get_fs(out)
     missing = [d for d in domains if not fs.exists(join(root, f"{d}.json"))]

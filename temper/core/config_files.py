@@ -24,6 +24,10 @@ M = TypeVar("M", bound=BaseModel)
 MAX_BYTES = 1 << 20
 MAX_DEPTH = 50
 MAX_NODES = 100_000  # counted through aliases, so a "billion laughs" document stops here
+# libyaml's safe loader when PyYAML was built with it (its wheels are): the same documents, parsed ~12x faster
+# (the shipped catalog's 21 files: 106 -> 8 ms, composed and loaded), which a flow that reads its catalog in
+# several tasks pays each time. The pure-Python loader where libyaml is missing.
+SAFE_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 
 
 def read_yaml(path: Path | str, error: type[TemperError], noun: str) -> Any:
@@ -32,11 +36,13 @@ def read_yaml(path: Path | str, error: type[TemperError], noun: str) -> Any:
         if size > MAX_BYTES:
             raise error(f"{path}: {noun} file is {size} bytes, more than the {MAX_BYTES} a config may have")
         text = Path(path).read_text()
-        _check_shape(yaml.compose(text, Loader=yaml.SafeLoader), path, error, noun)
-        return yaml.safe_load(text)
+        _check_shape(yaml.compose(text, Loader=SAFE_LOADER), path, error, noun)
+        return yaml.load(text, Loader=SAFE_LOADER)
     except RecursionError:
         raise error(f"{path}: {noun} is nested too deeply (more than {MAX_DEPTH} levels)") from None
     except yaml.YAMLError as e:
+        if "maximum nesting depth" in str(getattr(e, "problem", "")):  # libyaml's own limit (1000 levels)
+            raise error(f"{path}: {noun} is nested too deeply (more than {MAX_DEPTH} levels)") from None
         mark = getattr(e, "problem_mark", None)
         where = f" line {mark.line + 1}" if mark else ""
         raise error(f"{path}:{where} malformed YAML: {getattr(e, 'problem', e)}") from None

@@ -48,6 +48,7 @@ from infra.storage import exists, join, put_dir, write_bytes_atomic
 from temper.core.errors import TemperError
 from temper.core.settings import get_settings, section_env, with_job
 from temper.training.config import TrainConfig
+from temper.training.deepspeed import accelerator_env
 from temper.training.job import training_job
 from temper.training.progress import quiet_env
 
@@ -73,9 +74,11 @@ class LocalExecution:
     name = "local"
 
     def env(self) -> dict[str, str]:
-        """The settings every job of the run gets: bubblewrap sandboxes and the flow's rollout section (the api
-        key stays out of the job's spec: a local job has it from this process's environment)."""
-        return {"TEMPER_SANDBOX_BACKEND": "bwrap", **section_env("rollout", get_settings().rollout, {"api_key"})}
+        """The settings every job of the run gets: bubblewrap sandboxes, DeepSpeed's accelerator (``accelerator_env``)
+        and the flow's rollout section (the api key stays out of the job's spec: a local job has it from this
+        process's environment)."""
+        return {"TEMPER_SANDBOX_BACKEND": "bwrap", **accelerator_env(),
+                **section_env("rollout", get_settings().rollout, {"api_key"})}
 
     def share(self, path: str) -> str:
         return path

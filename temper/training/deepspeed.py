@@ -127,6 +127,13 @@ def seed_torch_extensions() -> list[str]:
     return copied
 
 
+def accelerator_env() -> dict[str, str]:
+    """The accelerator DeepSpeed uses, named for every local job, training and eval alike: DeepSpeed then does not
+    probe and warn, and both kinds of job have one import environment, so one job zygote serves them all
+    (``infra/job_zygote.py`` keys its zygotes by that environment: two kinds, two zygotes of ~9 s of CPU each)."""
+    return {"DS_ACCELERATOR": "cuda" if visible_gpus() else "cpu"}
+
+
 def launch_env(ranks: int) -> dict[str, str]:
     """Environment the launcher gives every local rank, libraries quiet: on a machine without GPUs the cores shared
     out among the ``ranks`` (2 ranks on 2 cores: one OpenMP thread each; one rank: both, or a single-process run of a
@@ -135,7 +142,7 @@ def launch_env(ranks: int) -> dict[str, str]:
     threads = max(1, len(os.sched_getaffinity(0)) // max(1, ranks))  # the cores this process may use, not the host's
     return {
         **quiet_env(),
-        "DS_ACCELERATOR": "cuda" if gpus else "cpu",  # also the launcher's: DeepSpeed then does not probe and warn
+        **accelerator_env(),  # also the launcher's
         **({} if gpus else {"OMP_NUM_THREADS": str(threads)}),
         "TORCH_EXTENSIONS_DIR": torch_extensions_dir(),
         "PYTHONUNBUFFERED": "1",

@@ -72,17 +72,28 @@ def _small_params(**kw):
     return PostTrainingParams(**{**fields, **kw})
 
 
-def test_post_training_end_to_end_then_evaluate_and_retrain(flow_env, mlflow_server):
+def test_post_training_end_to_end_then_evaluate_and_retrain(flow_env, mlflow_server, monkeypatch):
     from mlflow.tracking import MlflowClient
 
     from flows.evaluate import evaluate
     from flows.post_training import post_training
     from flows.retrain import retrain
+    from infra import job_zygote, launcher_local
     from temper.lifecycle.params import EvalSettings, EvaluateParams, RetrainParams
 
+    import_envs: list[str] = []  # of each local job the flow starts: its job zygote is keyed by it
+    socket_for = launcher_local.socket_for
+
+    def recording(env: dict[str, str]):
+        import_envs.append(json.dumps(sorted(job_zygote.import_env(env).items())))
+        return socket_for(env)
+
+    monkeypatch.setattr(launcher_local, "socket_for", recording)
     # arithmetic is held out: validated and evaluated against the base, never trained (transfer)
     state = post_training(_small_params(held_out=["arithmetic"]), return_state=True)
     assert state.is_completed(), state.message
+    # its SFT, GRPO and eval jobs (base, candidate) have one import environment, so one zygote serves them all
+    assert len(import_envs) >= 4 and len(set(import_envs)) == 1, sorted(set(import_envs))
     result = state.result()
     flow_run_id = state.state_details.flow_run_id
 

@@ -12,8 +12,10 @@ DNS), eval as sharded Jobs, everything the pods read or write through S3. Rank 1
 evicted once, after the first checkpoint is in S3: the launcher's retry Job resumes from it. GRPO's
 mix has python_functions, whose code_tests reward runs in sandbox pods the training pods make. The
 registered version's per-domain results must equal a local run's with the same seed, and every loss
-the flow logged to MLflow (SFT across both attempts, GRPO) the local run's within 1e-5. Bad input fails
-the first task that needs the cluster with one line and leaves nothing behind (asserted through the API).
+the flow logged to MLflow (SFT across both attempts, GRPO) the local run's within 1e-5. The local run goes
+first: the cluster run reuses its base-model evals from the shared store and evaluates only its candidate.
+Bad input fails the first task that needs the cluster with one line and leaves nothing behind (asserted
+through the API).
 """
 
 from __future__ import annotations
@@ -170,7 +172,9 @@ def k8s_worker(on_cluster, tmp_path, request):
     try:
         yield deploy, log
     finally:
-        stop_process(proc)
+        # 2 s, not 15: on SIGTERM the worker relays SIGINT to its worker process, which does not exit (its log:
+        # "Received SIGTERM. Sending SIGINT to the kubernetes worker"), so the grace was always waited out in full
+        stop_process(proc, grace_s=2)
         if image:
             subprocess.run(["podman", "--runtime", "runc", "rm", "-f", "--ignore", container], env=env, capture_output=True)
         print(f"worker log: {log}")
@@ -307,6 +311,15 @@ def test_post_training_on_the_cluster_equals_the_local_run(on_cluster, k8s_worke
     from flows.post_training import post_training
 
     deploy, worker_log = k8s_worker
+    # The local run first: it computes the base model's evals and keeps them in the store both runs share; the
+    # cluster run then reuses them (as any later run on the same data does), so it runs only the candidate's
+    # eval Jobs. That the two backends score alike is proven by the candidates' evals, run on both.
+    t = time.perf_counter()
+    local_state = post_training(_params("local", **GRPO_SANDBOXED), return_state=True)
+    local_wall = time.perf_counter() - t
+    assert local_state.is_completed(), local_state.message
+    local = local_state.result()
+
     evictor = EvictAfterFirstCheckpoint(on_cluster, "sft")
     evictor.start()
     t = time.perf_counter()
@@ -319,17 +332,12 @@ def test_post_training_on_the_cluster_equals_the_local_run(on_cluster, k8s_worke
     assert state.is_completed(), (state.message, worker_log.read_text()[-3000:])
     remote = state.result()
     check_flow_run_job(on_cluster, run, flow_job)
-    t = time.perf_counter()
-    # the local run computes its base evals too (same store: it would record the cluster run's kept results,
-    # and "before" would then be equal by construction, not by running the same eval on both backends)
-    own_evals = GRPO_SANDBOXED["eval"].model_copy(update={"reuse_base": False})
-    local_state = post_training(_params("local", **{**GRPO_SANDBOXED, "eval": own_evals}), return_state=True)
-    local_wall = time.perf_counter() - t
-    assert local_state.is_completed(), local_state.message
-    local = local_state.result()
 
-    # the same per-domain results, before and after training (same seed, same 2-rank ZeRO-3)
+    # the same per-domain results after training (same seed, same 2-rank ZeRO-3); before: the local run's, reused
     assert remote["after"] == local["after"] and remote["before"] == local["before"], (remote, local)
+    computed, reused = _base_evals(local["lifecycle_run_id"]), _base_evals(remote["lifecycle_run_id"])
+    assert set(computed) == set(reused) == set(remote["before"]) and all(src is None for _, src in computed.values())
+    assert {d: src for d, (_, src) in reused.items()} == {d: run for d, (run, _) in computed.items()}
     mv = MlflowClient().get_model_version("temper-k8s-kubernetes", remote["registered"]["version"])
     for domain, mean in remote["after"].items():
         assert float(mv.tags[EVAL_TAG.format(domain=domain, metric="mean_reward")]) == pytest.approx(mean)
@@ -344,7 +352,7 @@ def test_post_training_on_the_cluster_equals_the_local_run(on_cluster, k8s_worke
     assert train == sorted([sft, f"{sft}-r1", next(n for n in train if n.startswith("grpo-"))]), train
     assert jobs[sft].status.failed and not jobs[sft].status.succeeded
     assert all(jobs[n].spec.parallelism == 2 and jobs[n].spec.completion_mode == "Indexed" for n in train)
-    assert len(evals) == 4  # 2 shards x (base, candidate)
+    assert len(evals) == 2  # 2 shards of the candidate's eval (the base's was the local run's, reused)
     assert all(j.status.succeeded for n, j in jobs.items() if n != sft)
     retry0 = core.list_namespaced_pod(NS, label_selector=f"temper.dev/job={sft}-r1,{INDEX}=0").items[0]
     resumed = [line for line in core.read_namespaced_pod_log(retry0.metadata.name, NS, container="main").splitlines()
@@ -385,6 +393,16 @@ def test_post_training_on_the_cluster_equals_the_local_run(on_cluster, k8s_worke
               + (" (kubernetes: with the eviction and the retry Job)" if stage == "train-sft" else ""))
     print(f"whole flow: kubernetes {k8s_wall:.0f}s (of it `prefect deploy` {deploy_s:.1f}s, run created -> flow started in "
           f"its pod {(run.start_time - run.created).total_seconds():.1f}s) local {local_wall:.0f}s")
+
+
+def _base_evals(lifecycle_run_id: str) -> dict[str, tuple[str, str | None]]:
+    """domain -> (eval run, the eval run whose kept result it reused or None) of a flow run's base-model evals."""
+    from temper.core.tag_names import TAG_DOMAIN, TAG_EVAL_LABEL, TAG_EVAL_REUSED_FROM, TAG_STAGE
+    from temper.registry.samples import stage_runs
+
+    return {r.data.tags[TAG_DOMAIN]: (r.info.run_id, r.data.tags.get(TAG_EVAL_REUSED_FROM))
+            for r in stage_runs(lifecycle_run_id)
+            if r.data.tags.get(TAG_STAGE) == "eval" and r.data.tags.get(TAG_EVAL_LABEL) == "base"}
 
 
 def check_flow_run_job(cluster, run, job) -> None:
