@@ -35,9 +35,13 @@ def read_yaml(path: Path | str, error: type[TemperError], noun: str) -> Any:
         size = Path(path).stat().st_size
         if size > MAX_BYTES:
             raise error(f"{path}: {noun} file is {size} bytes, more than the {MAX_BYTES} a config may have")
-        text = Path(path).read_text()
-        _check_shape(yaml.compose(text, Loader=SAFE_LOADER), path, error, noun)
-        return yaml.load(text, Loader=SAFE_LOADER)
+        loader = SAFE_LOADER(Path(path).read_text())
+        try:  # parsed once: the node tree is checked before anything is built from it (as yaml.load builds it)
+            node = loader.get_single_node()
+            _check_shape(node, path, error, noun)
+            return None if node is None else loader.construct_document(node)
+        finally:
+            loader.dispose()
     except RecursionError:
         raise error(f"{path}: {noun} is nested too deeply (more than {MAX_DEPTH} levels)") from None
     except yaml.YAMLError as e:

@@ -130,7 +130,8 @@ def seed_torch_extensions() -> list[str]:
 def accelerator_env() -> dict[str, str]:
     """The accelerator DeepSpeed uses, named for every local job, training and eval alike: DeepSpeed then does not
     probe and warn, and both kinds of job have one import environment, so one job zygote serves them all
-    (``infra/job_zygote.py`` keys its zygotes by that environment: two kinds, two zygotes of ~9 s of CPU each)."""
+    (``infra/job_zygote.py`` keys its zygotes by that environment; eval jobs without it started a second zygote,
+    ~9 s of CPU)."""
     return {"DS_ACCELERATOR": "cuda" if visible_gpus() else "cpu"}
 
 
