@@ -117,8 +117,12 @@ def test_a_500_turn_episode_stays_bounded_and_replays_equal(kind, n, request):
         assert _fds() - fds < 50 and len(me.children(recursive=True)) <= children
         assert grown_mb < 40, f"the verifier grew by {grown_mb:.0f} MB over {n} turns"
         w = n // 5  # the first and the last fifth of the turns (the probes aside), big-output turns aside
-        early = statistics.median(t for i, t in enumerate(took[:w], 1) if i % 5 != 4)
-        late = statistics.median(t for i, t in enumerate(took[-w - 4:-4], n - w - 4) if i % 5 != 4)
+        # each window's fastest quarter (its first quartile), not its median: what a turn costs the verifier,
+        # which a leak raises on every turn, rather than how busy the machine was. The suite's other worker
+        # changes the load over the minutes an episode takes through the stand-in: a fresh clone's run measured
+        # medians of 615 ms early and 997 ms late there, where a turn alone takes ~72 ms
+        early = statistics.quantiles([t for i, t in enumerate(took[:w], 1) if i % 5 != 4], n=4)[0]
+        late = statistics.quantiles([t for i, t in enumerate(took[-w - 4:-4], n - w - 4) if i % 5 != 4], n=4)[0]
         assert late <= 1.5 * early + 0.01, f"turn latency {early * 1e3:.0f} ms early, {late * 1e3:.0f} ms late"
 
         big, disk, _, forks, state = [t["observation"] for t in env.trajectory[-5:]]
